@@ -1,0 +1,1 @@
+"""Tokenizers, dataset preparation and the batch loader."""

@@ -1,0 +1,133 @@
+"""Tokenizers: characters, or GPT-2's byte-level BPE through tiktoken, offline.
+
+GPT-2's merge ranks ship beside this file (gpt2.tiktoken, see data/README.md) and are checked
+against the sha256 that tiktoken itself expects for its r50k_base encoding, which is GPT-2's.
+"""
+
+import base64
+import codecs
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+
+import tiktoken
+from tiktoken_ext.openai_public import r50k_pat_str
+
+from errors import UserError
+
+GPT2_RANKS_FILE = Path(__file__).with_name("gpt2.tiktoken")
+GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
+END_OF_TEXT = "<|endoftext|>"
+
+
+class CharTokenizer:
+    """One token per character of a fixed vocabulary (stored with the prepared data)."""
+
+    name = "char"
+    eot_token = None  # character vocabularies have no end-of-text token
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self.stoi = {ch: i for i, ch in enumerate(chars)}
+        self.vocab_size = len(chars)
+
+    @classmethod
+    def from_text(cls, text: str) -> "CharTokenizer":
+        return cls("".join(sorted(set(text))))
+
+    def encode(self, text: str) -> list[int]:
+        unknown = sorted(set(text) - self.stoi.keys())
+        if unknown:
+            shown = ", ".join(repr(ch) for ch in unknown[:10])
+            more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+            raise UserError(
+                f"the text has characters outside the model's {self.vocab_size}-character "
+                f"vocabulary: {shown}{more} (use only characters of the training corpus)"
+            )
+        return [self.stoi[ch] for ch in text]
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.chars[token].encode("utf-8")
+
+
+class GPT2Tokenizer:
+    """GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> = 50256)."""
+
+    name = "gpt2"
+
+    def __init__(self):
+        self.encoding = gpt2_encoding()
+        self.vocab_size = self.encoding.n_vocab
+        self.eot_token = self.encoding.eot_token
+
+    def encode(self, text: str) -> list[int]:
+        """Encode a prompt; a literal <|endoftext|> in it becomes the end-of-text token."""
+        return self.encoding.encode(text, allowed_special={END_OF_TEXT})
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        """Encode corpus text: special-token strings in it are treated as plain text."""
+        return self.encoding.encode_ordinary(text)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.encoding.decode(ids)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.encoding.decode_single_token_bytes(token)
+
+
+Tokenizer = CharTokenizer | GPT2Tokenizer
+
+
+@lru_cache(maxsize=1)
+def gpt2_encoding() -> tiktoken.Encoding:
+    """GPT-2's encoding built from the shipped rank file, with no network access."""
+    data = GPT2_RANKS_FILE.read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != GPT2_RANKS_SHA256:
+        raise UserError(
+            f"{GPT2_RANKS_FILE} has sha256 {digest}, not GPT-2's {GPT2_RANKS_SHA256} "
+            f"(restore the file from the project's repository)"
+        )
+    ranks = {}
+    for line in data.splitlines():
+        token, rank = line.split()
+        ranks[base64.b64decode(token)] = int(rank)
+    return tiktoken.Encoding(
+        name="gpt2",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={END_OF_TEXT: len(ranks)},
+        explicit_n_vocab=len(ranks) + 1,
+    )
+
+
+def tokenizer_from_meta(meta: dict) -> Tokenizer:
+    """The tokenizer a prepared dataset (or a checkpoint, which carries the same metadata) was made with."""
+    kind = meta.get("tokenizer")
+    if kind == "char":
+        return CharTokenizer(meta["chars"])
+    if kind == "gpt2":
+        return GPT2Tokenizer()
+    raise UserError(f"tokenizer={kind!r} in the dataset metadata is unknown (expected 'char' or 'gpt2')")
+
+
+class StreamDecoder:
+    """Turns token ids into text one token at a time.
+
+    A BPE token can end in the middle of a multi-byte UTF-8 character; the incremental decoder
+    holds such bytes back until the character is complete, so streamed text never shows a
+    half-character. Bytes that never form valid UTF-8 become U+FFFD, as in tiktoken's decode.
+    """
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, token: int) -> str:
+        return self.decoder.decode(self.tokenizer.token_bytes(token))
+
+    def flush(self) -> str:
+        return self.decoder.decode(b"", final=True)

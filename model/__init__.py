@@ -1,0 +1,17 @@
+"""A GPT-2 style language model in plain PyTorch; this folder imports nothing else from the project."""
+
+from .attention import CausalSelfAttention, attention, causal_mask
+from .generate import generate, sample_next_token
+from .gpt import GPT, GPTConfig
+from .kv_cache import KVCache
+
+__all__ = [
+    "GPT",
+    "GPTConfig",
+    "KVCache",
+    "CausalSelfAttention",
+    "attention",
+    "causal_mask",
+    "generate",
+    "sample_next_token",
+]

@@ -1,0 +1,169 @@
+"""A GPT-2 style decoder-only transformer.
+
+Read top to bottom: the config, the model's forward pass, then the block and MLP it is built from.
+Attention is in attention.py and the KV cache in kv_cache.py, beside this file.
+
+Parameter names follow GPT-2's layout (transformer.wte, transformer.h.0.attn.c_attn, ...), so
+GPT-2 weights map one to one; GPT-2 stores its Linear weights transposed (Conv1D), nothing else
+differs.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .attention import CausalSelfAttention
+from .kv_cache import KVCache
+
+
+@dataclass
+class GPTConfig:
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # width of the residual stream; head_dim = n_embd / n_head
+    block_size: int = 1024  # context length: the most positions the model sees at once
+    vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
+    dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
+    bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+
+    def __post_init__(self):
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            value = getattr(self, name)
+            if value <= 0:
+                raise ValueError(f"{name}={value} must be a positive integer")
+        if self.vocab_size < 0:
+            raise ValueError(f"vocab_size={self.vocab_size} must be positive (or 0: from the dataset)")
+        if self.n_embd % self.n_head != 0:
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head} "
+                f"(choose n_embd = k * n_head)"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        if config.vocab_size <= 0:
+            raise ValueError(f"vocab_size={config.vocab_size}: set it to the tokenizer's vocabulary size")
+        self.config = config
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
+                wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding
+                drop=nn.Dropout(config.dropout),
+                h=nn.ModuleList([Block(config, layer_idx) for layer_idx in range(config.n_layer)]),
+                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            )
+        )
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # the output projection shares the token embedding's weights (GPT-2 ties them)
+        self.lm_head.weight = self.transformer.wte.weight
+        self.apply(_init_weights)
+        for name, param in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                # scale residual projections by 1/sqrt(2 * n_layer) so the residual stream does not
+                # grow with depth: each block adds two of them (GPT-2 paper, section 2.3)
+                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    def forward(
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, when targets (B, T) are
+        given, the mean cross-entropy over targets that are not -1 (padding).
+
+        With a cache, idx continues the tokens already cached: positions start at cache.pos.
+        """
+        B, T = idx.shape
+        start = 0 if cache is None else cache.pos
+        if start + T > self.config.block_size:
+            raise ValueError(
+                f"{start + T} positions exceed the model's block_size={self.config.block_size}"
+            )
+        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        x = self.transformer.drop(x)
+        for block in self.transformer.h:
+            x = block(x, cache)
+        x = self.transformer.ln_f(x)
+        if cache is not None:
+            cache.advance(T)
+        logits = self.lm_head(x)  # (B, T, vocab_size)
+        if targets is None:
+            return logits, None
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
+        return logits, loss
+
+    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache for batch_size sequences of up to max_len (default block_size) tokens,
+        on the model's device and in its dtype."""
+        cfg = self.config
+        weight = self.lm_head.weight
+        return KVCache(
+            cfg.n_layer,
+            batch_size,
+            cfg.n_head,
+            cfg.head_dim,
+            max_len or cfg.block_size,
+            device=weight.device,
+            dtype=weight.dtype,
+        )
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count. The tied token embedding counts once (it is also the output layer);
+        non_embedding leaves out the position embedding, which does no matrix multiply."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= self.transformer.wpe.weight.numel()
+        return n
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, config: GPTConfig, layer_idx: int):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.attn = CausalSelfAttention(
+            config.n_embd, config.n_head, config.dropout, config.bias, layer_idx
+        )
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), cache)
+        x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network, 4x wide, with GPT-2's tanh-approximated GELU."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.gelu = nn.GELU(approximate="tanh")
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+def _init_weights(module: nn.Module) -> None:
+    """GPT-2 initialisation: normal(0, 0.02) weights, zero biases; LayerNorms keep weight 1, bias 0."""
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)

@@ -1,0 +1,85 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from data.prepare import prepare_bundled
+from model import GPT, GPTConfig
+from trainer.config import Config, build_config, config_to_toml
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory) -> Path:
+    """A data folder with the bundled char-level Shakespeare prepared in it."""
+    root = tmp_path_factory.mktemp("data")
+    prepare_bundled("shakespeare_char", root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def bpe_data_dir(tmp_path_factory) -> Path:
+    """A data folder with the bundled Shakespeare prepared with GPT-2 BPE."""
+    root = tmp_path_factory.mktemp("bpe_data")
+    prepare_bundled("shakespeare", root)
+    return root
+
+
+def tiny_values(out_dir: Path, data_dir: Path) -> dict:
+    """Config values for a model and run small enough to train in seconds on a CPU."""
+    return {
+        "model": {"n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 32, "dropout": 0.0},
+        "data": {"dataset": "shakespeare_char", "data_dir": str(data_dir), "batch_size": 4},
+        "optim": {"learning_rate": 1e-3, "min_lr": 1e-4, "warmup_iters": 2, "lr_decay_iters": 20},
+        "train": {
+            "out_dir": str(out_dir),
+            "device": "cpu",
+            "dtype": "float32",
+            "max_iters": 20,
+            "eval_interval": 10,
+            "eval_iters": 2,
+            "log_interval": 1,
+        },
+    }
+
+
+def tiny_config(out_dir: Path, data_dir: Path, **overrides) -> Config:
+    """tiny_values with overrides given as section__key=value."""
+    values = tiny_values(out_dir, data_dir)
+    for name, value in overrides.items():
+        section, key = name.split("__")
+        values.setdefault(section, {})[key] = value
+    return build_config(values)
+
+
+def tiny_toml(out_dir: Path, data_dir: Path) -> str:
+    return config_to_toml(tiny_config(out_dir, data_dir))
+
+
+def tiny_model(vocab_size: int = 50, block_size: int = 32, seed: int = 0, **kwargs) -> GPT:
+    torch.manual_seed(seed)
+    config = GPTConfig(n_layer=2, n_head=2, n_embd=32, block_size=block_size, vocab_size=vocab_size, **kwargs)
+    return GPT(config).eval()
+
+
+def run_script(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run one of the project's entry points as a user would, in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / script), *args],
+        cwd=cwd or PROJECT_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )

@@ -1,0 +1,106 @@
+import pytest
+import torch
+
+import trainer.checkpoint as checkpoint_module
+from errors import ConfigError, UserError
+from trainer.checkpoint import latest_run, load_checkpoint, model_from_checkpoint, save_checkpoint
+from trainer.loop import Trainer
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, data_dir):
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    return run_dir
+
+
+class RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (print, ("this ran while loading",))
+
+
+def test_checkpoint_round_trip_restores_the_model(trained_run, data_dir, tmp_path):
+    path = trained_run / "ckpt.pt"
+    checkpoint = load_checkpoint(path)
+    model, tokenizer = model_from_checkpoint(checkpoint, path)
+    trainer = Trainer(tiny_config(trained_run, data_dir, train__init_from="resume"))
+    idx = torch.tensor([tokenizer.encode("ROMEO:")])
+    torch.testing.assert_close(model(idx)[0], trainer.model.eval()(idx)[0], rtol=0, atol=0)
+    assert tokenizer.decode(tokenizer.encode("ROMEO:")) == "ROMEO:"
+
+    copy = tmp_path / "copy.pt"
+    save_checkpoint(checkpoint, copy)
+    again = load_checkpoint(copy)
+    assert again["step"] == checkpoint["step"] == 10
+    assert all(torch.equal(again["model"][k], v) for k, v in checkpoint["model"].items())
+
+
+def test_checkpoint_is_plain_data_loadable_with_weights_only(trained_run):
+    checkpoint = torch.load(trained_run / "ckpt.pt", weights_only=True)
+    assert {"model", "optimizer", "scaler", "rng", "step", "config", "dataset"} <= checkpoint.keys()
+
+
+def test_checkpoint_with_pickled_code_is_refused(tmp_path, capsys):
+    path = tmp_path / "evil.pt"
+    torch.save({"format_version": 1, "payload": RunsCodeWhenUnpickled()}, path)
+    with pytest.raises(UserError, match="refused to load .*could run code"):
+        load_checkpoint(path)
+    assert "this ran while loading" not in capsys.readouterr().out
+
+
+def test_truncated_checkpoint_is_a_clear_error(trained_run, tmp_path):
+    path = tmp_path / "truncated.pt"
+    data = (trained_run / "ckpt.pt").read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="truncated.pt is not a readable checkpoint"):
+        load_checkpoint(path)
+
+
+def test_foreign_file_is_not_taken_for_a_checkpoint(tmp_path):
+    path = tmp_path / "other.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, path)
+    with pytest.raises(UserError, match="not a checkpoint written by this trainer"):
+        load_checkpoint(path)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(UserError, match="not a readable checkpoint"):
+        load_checkpoint(text)
+
+
+def test_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(trained_run):
+    checkpoint = load_checkpoint(trained_run / "ckpt.pt")
+    checkpoint["config"]["model"]["n_embd"] = 64
+    with pytest.raises(UserError, match="do not fit the model its config describes"):
+        model_from_checkpoint(checkpoint, trained_run / "ckpt.pt")
+    checkpoint["config"]["model"]["colour"] = "blue"
+    with pytest.raises(ConfigError, match="unknown config key model.colour"):
+        model_from_checkpoint(checkpoint, trained_run / "ckpt.pt")
+
+
+def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(trained_run, tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes((trained_run / "ckpt.pt").read_bytes())
+    before = path.read_bytes()
+
+    def crash(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint({"step": 99}, path)
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)["step"] == 10
+
+
+def test_latest_run_is_the_most_recent_checkpoint(tmp_path):
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ckpt.pt").write_bytes(b"")
+    import os
+
+    os.utime(tmp_path / "b" / "ckpt.pt", (2e9, 2e9))
+    assert latest_run(tmp_path) == tmp_path / "b"
+    with pytest.raises(UserError, match="no run with a checkpoint under"):
+        latest_run(tmp_path / "a")

@@ -1,0 +1,172 @@
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from errors import ConfigError
+from trainer.config import SECTIONS, Config, config_help, config_to_dict, config_to_toml, field_comments, load_config
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_is_defaults_then_file_then_command_line(tmp_path):
+    path = write(tmp_path, "[model]\nn_layer = 4\nn_head = 4\n[optim]\nlearning_rate = 1e-3\n")
+    cfg = load_config(path, ["--model.n_head=2", "--train.max_iters", "7"])
+    assert cfg.model.n_layer == 4  # file over default
+    assert cfg.model.n_head == 2  # command line over file
+    assert cfg.optim.learning_rate == 1e-3  # file
+    assert cfg.train.max_iters == 7  # command line, space-separated form
+    assert cfg.model.n_embd == Config().model.n_embd  # default
+
+
+def test_no_config_file_gives_the_defaults():
+    assert load_config(None, []) == Config()
+
+
+def test_bare_boolean_flag_means_true():
+    cfg = load_config(None, ["--train.compile", "--model.bias=false"])
+    assert cfg.train.compile is True
+    assert cfg.model.bias is False
+
+
+def test_int_is_accepted_where_a_float_is_expected(tmp_path):
+    cfg = load_config(write(tmp_path, "[optim]\nlearning_rate = 1\n"), [])
+    assert cfg.optim.learning_rate == 1.0 and isinstance(cfg.optim.learning_rate, float)
+
+
+def test_unknown_key_is_rejected_with_the_valid_keys(tmp_path):
+    path = write(tmp_path, "[model]\nn_layers = 4\n")
+    with pytest.raises(ConfigError, match=r"unknown config key model.n_layers \(did you mean model.n_layer\?.*n_head"):
+        load_config(path, [])
+    with pytest.raises(ConfigError, match="unknown config key train.max_iter "):
+        load_config(None, ["--train.max_iter=3"])
+
+
+def test_unknown_section_is_rejected_with_the_valid_sections(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown config section \[training\].*model, data, optim, train, wandb"):
+        load_config(write(tmp_path, "[training]\nmax_iters = 4\n"), [])
+    with pytest.raises(ConfigError, match=r"unknown config section \[modle\] in the command line"):
+        load_config(None, ["--modle.n_layer=4"])
+
+
+def test_key_outside_any_section_is_rejected(tmp_path):
+    with pytest.raises(ConfigError, match=r"n_layer = 4 .* is outside any section"):
+        load_config(write(tmp_path, "n_layer = 4\n"), [])
+
+
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ('[model]\nn_layer = "four"\n', r"model.n_layer='four' in .* is not an integer"),
+        ("[model]\nn_layer = 4.5\n", r"model.n_layer=4.5 in .* is not an integer"),
+        ("[model]\nn_layer = true\n", r"model.n_layer=True in .* is not an integer"),
+        ('[optim]\nlearning_rate = "fast"\n', r"optim.learning_rate='fast' in .* is not a number"),
+        ("[train]\ncompile = 1\n", r"train.compile=1 in .* is not true or false"),
+        ("[train]\ndevice = 0\n", r"train.device=0 in .* is not a string"),
+    ],
+)
+def test_wrong_type_in_file_names_key_value_and_type(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text), [])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--model.n_layer=four", r"model.n_layer='four' on the command line is not an integer"),
+        ("--optim.learning_rate=fast", r"optim.learning_rate='fast' on the command line is not a number"),
+        ("--train.compile=maybe", r"train.compile='maybe' on the command line is not true or false"),
+    ],
+)
+def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (["--model.n_embd=100", "--model.n_head=3"], r"model.n_embd=100 is not divisible by n_head=3 \(choose"),
+        (["--model.n_layer=0"], "model.n_layer=0 must be a positive integer"),
+        (["--model.block_size=-8"], "model.block_size=-8 must be a positive integer"),
+        (["--data.batch_size=0"], "data.batch_size=0 must be a positive integer"),
+        (["--train.max_iters=0"], "train.max_iters=0 must be a positive integer"),
+        (["--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
+        (["--train.device=gpu"], "train.device='gpu' is not one of auto, cpu, cuda, cuda:N, mps"),
+        (["--train.init_from=gpt2"], "train.init_from='gpt2' is not one of scratch, resume"),
+        (["--optim.min_lr=1", "--optim.learning_rate=0.1"], "optim.min_lr=1.0 must be between 0 and learning_rate=0.1"),
+        (["--optim.warmup_iters=10", "--optim.lr_decay_iters=5"], "optim.lr_decay_iters=5 must be at least warmup_iters=10"),
+        (["--wandb.mode=cloud"], "wandb.mode='cloud' is not one of online, offline"),
+    ],
+)
+def test_invalid_value_names_key_value_and_what_is_accepted(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, override)
+
+
+def test_override_without_a_value_is_rejected():
+    with pytest.raises(ConfigError, match="--model.n_layer needs a value"):
+        load_config(None, ["--model.n_layer"])
+
+
+def test_stray_argument_is_rejected():
+    with pytest.raises(ConfigError, match="unexpected argument 'n_layer=4'"):
+        load_config(None, ["n_layer=4"])
+
+
+def test_unparseable_toml_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "[model]\nn_layer = = 4\n")
+    with pytest.raises(ConfigError, match=r"run.toml is not valid TOML: .*line 2"):
+        load_config(path, [])
+
+
+def test_missing_config_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file .*nope.toml does not exist"):
+        load_config(str(tmp_path / "nope.toml"), [])
+
+
+def test_resolved_config_round_trips_through_toml(tmp_path):
+    cfg = load_config(None, ["--model.n_layer=3", "--train.out_dir=out/with \"quotes\"", "--optim.min_lr=1e-05"])
+    assert load_config(write(tmp_path, config_to_toml(cfg)), []) == cfg
+
+
+def test_every_config_key_has_a_comment():
+    for section, cls in SECTIONS.items():
+        comments = field_comments(cls)
+        for f in dataclasses.fields(cls):
+            assert comments.get(f.name), f"{section}.{f.name} has no comment"
+
+
+def test_help_lists_every_config_key():
+    text = config_help()
+    for section, cls in SECTIONS.items():
+        assert f"[{section}]" in text
+        for f in dataclasses.fields(cls):
+            assert re.search(rf"^  {f.name} ", text, re.MULTILINE), f.name
+
+
+def test_readme_table_documents_every_config_key_with_its_default():
+    readme = (PROJECT_ROOT / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `(\w+\.\w+)` \| \w+ \| `([^`]*)` \|", readme, re.MULTILINE))
+    defaults = config_to_dict(Config())
+    documented = set()
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            key = f"{section}.{f.name}"
+            assert key in rows, f"README does not document {key}"
+            assert json.loads(rows[key]) == defaults[section][f.name], f"README's default for {key} is stale"
+            documented.add(key)
+    assert set(rows) == documented  # and documents no key that does not exist
+
+
+@pytest.mark.parametrize("path", sorted((PROJECT_ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_load(path):
+    load_config(str(path), [])

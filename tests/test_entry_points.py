@@ -1,0 +1,147 @@
+"""train.py and sample.py driven as a user drives them: in a fresh interpreter, from the shell."""
+
+import pytest
+
+from tests.conftest import run_script, tiny_toml
+
+pytestmark = pytest.mark.slow
+
+
+def assert_one_line_error(result, *fragments):
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A user's working directory holding a config and, after the first test, a trained run."""
+    root = tmp_path_factory.mktemp("user")
+    (root / "tiny.toml").write_text(tiny_toml(out_dir="out/tiny", data_dir="data"))
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(workdir):
+    result = run_script("train.py", "--config", "tiny.toml", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    return workdir, result
+
+
+def test_train_prepares_the_bundled_data_and_writes_a_run(trained):
+    workdir, result = trained
+    assert "preparing the bundled dataset 'shakespeare_char'" in result.stdout
+    assert (workdir / "data" / "shakespeare_char" / "meta.json").exists()
+    assert {"ckpt.pt", "config.toml", "metrics.jsonl"} <= {p.name for p in (workdir / "out" / "tiny").iterdir()}
+    assert "step 20: train loss" in result.stdout + result.stderr
+
+
+def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
+    workdir, _ = trained
+    result = run_script("sample.py", "--prompt", "ROMEO:", "--max-new-tokens", "100", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ROMEO:")
+    assert len(result.stdout) == len("ROMEO:") + 100 + 1  # 100 characters past a 32-token context, then a newline
+    assert "out/tiny/ckpt.pt" in result.stderr
+
+
+def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):
+    workdir, _ = trained
+    args = ("--out-dir", "out/tiny", "--prompt", "KING:", "--temperature", "0", "--max-new-tokens", "60")
+    cached = run_script("sample.py", *args, cwd=workdir)
+    uncached = run_script("sample.py", *args, "--no-cache", cwd=workdir)
+    assert cached.returncode == uncached.returncode == 0
+    assert cached.stdout == uncached.stdout
+
+
+def test_several_samples_are_separated(trained):
+    workdir, _ = trained
+    result = run_script("sample.py", "--out-dir", "out/tiny", "--num-samples", "3", "--max-new-tokens", "10", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("-" * 40) == 2
+
+
+def test_bpe_model_trains_and_samples(bpe_data_dir, tmp_path):
+    (tmp_path / "bpe.toml").write_text(tiny_toml(out_dir="run", data_dir=str(bpe_data_dir)))
+    train = run_script(
+        "train.py", "--config", "bpe.toml", "--data.dataset=shakespeare", "--train.max_iters=4",
+        "--train.eval_interval=4", cwd=tmp_path,
+    )  # fmt: skip
+    assert train.returncode == 0, train.stderr
+    sample = run_script("sample.py", "--out-dir", "run", "--prompt", "Hello", "--max-new-tokens", "8", cwd=tmp_path)
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("Hello") and len(sample.stdout) > len("Hello\n")
+
+
+def test_train_help_lists_the_config_keys():
+    result = run_script("train.py", "--help")
+    assert result.returncode == 0
+    assert "model.n_layer" not in result.stdout  # keys are listed under their section
+    assert "[optim]" in result.stdout and "  learning_rate " in result.stdout
+
+
+def test_sample_help_states_the_context_policy():
+    result = run_script("sample.py", "--help")
+    assert result.returncode == 0
+    assert "block_size // 2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "config_text,args,fragments",
+    [
+        ("[model]\nn_layer = = 2\n", [], ["is not valid TOML"]),
+        ("[model]\nn_layers = 2\n", [], ["unknown config key model.n_layers", "did you mean model.n_layer?"]),
+        ("", ["--model.n_embd=100", "--model.n_head=3"], ["model.n_embd=100 is not divisible by n_head=3"]),
+        ("", ["--model.n_layer=0"], ["model.n_layer=0 must be a positive integer"]),
+        ("", ["--data.dataset=nowhere"], ["no prepared dataset at data/nowhere"]),
+        ("", ["--model.block_size=2000000"], ["fewer than model.block_size + 1 = 2000001"]),
+        ("", ["--train.init_from=resume", "--train.out_dir=out/empty"], ["no checkpoint at out/empty/ckpt.pt"]),
+        ("", ["--train.device=cuda"], ["train.device='cuda' but this machine has no usable CUDA GPU"]),
+    ],
+    ids=["toml-syntax", "unknown-key", "heads", "non-positive", "no-dataset", "tiny-dataset", "resume-empty", "no-gpu"],
+)
+def test_train_rejects_bad_input_in_one_line(trained, config_text, args, fragments):
+    workdir, _ = trained
+    (workdir / "bad.toml").write_text(config_text)
+    result = run_script("train.py", "--config", "bad.toml", "--data.data_dir=data", *args, cwd=workdir)
+    assert_one_line_error(result, *fragments)
+
+
+def test_train_refuses_to_overwrite_a_run_and_leaves_it_intact(trained):
+    workdir, _ = trained
+    checkpoint = workdir / "out" / "tiny" / "ckpt.pt"
+    before = checkpoint.read_bytes()
+    result = run_script("train.py", "--config", "tiny.toml", cwd=workdir)
+    assert_one_line_error(result, "already holds a run", "--train.init_from=resume")
+    assert checkpoint.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--out-dir", "out/missing"], ["no checkpoint at out/missing/ckpt.pt"]),
+        (["--prompt", "ROMEO: ¿qué?"], ["outside the model's 65-character vocabulary: '¿', 'é'"]),
+        (["--prompt", "x" * 40], ["the prompt is 40 tokens but the model's context is block_size=32"]),
+        (["--temperature", "-1"], ["--temperature=-1.0 is not allowed"]),
+        (["--top-p", "0"], ["--top-p=0.0 is not allowed"]),
+        (["--prompt-file", "nothing.txt"], ["--prompt-file='nothing.txt' does not exist"]),
+        (["--device", "mps"], ["--device='mps' but MPS is not available"]),
+    ],
+    ids=["no-run", "bad-chars", "long-prompt", "temperature", "top-p", "prompt-file", "no-mps"],
+)
+def test_sample_rejects_bad_input_in_one_line(trained, args, fragments):
+    workdir, _ = trained
+    result = run_script("sample.py", *args, cwd=workdir)
+    assert_one_line_error(result, *fragments)
+
+
+def test_sample_rejects_a_corrupt_checkpoint(trained):
+    workdir, _ = trained
+    broken = workdir / "out" / "broken"
+    broken.mkdir()
+    (broken / "ckpt.pt").write_bytes((workdir / "out" / "tiny" / "ckpt.pt").read_bytes()[:1000])
+    result = run_script("sample.py", "--out-dir", "out/broken", cwd=workdir)
+    assert_one_line_error(result, "out/broken/ckpt.pt is not a readable checkpoint")

@@ -1,0 +1,127 @@
+import pytest
+import torch
+
+from model import KVCache, generate
+from model.generate import slide_context
+from tests.conftest import tiny_model
+
+VOCAB = 50
+BLOCK = 32
+
+
+def decode_with_cache(model, idx: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    """Logits for every position of idx: the prompt in one forward pass, then one token at a time."""
+    cache = model.new_cache(idx.size(0))
+    pieces = [model(idx[:, :prompt_len], cache=cache)[0]]
+    for t in range(prompt_len, idx.size(1)):
+        pieces.append(model(idx[:, t : t + 1], cache=cache)[0])
+    return torch.cat(pieces, dim=1)
+
+
+@pytest.mark.parametrize("prompt_len", [1, 2, 7, 31, 32])
+def test_cached_decoding_reproduces_full_forward_logits(prompt_len):
+    model = tiny_model(VOCAB, BLOCK)
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (3, BLOCK))
+    full, _ = model(idx)
+    cached = decode_with_cache(model, idx, prompt_len)
+    assert (cached - full).abs().max().item() < 1e-5
+
+
+def test_cache_advances_once_per_forward_call():
+    model = tiny_model(VOCAB, BLOCK)
+    cache = model.new_cache(1)
+    model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+    assert cache.pos == 5
+    model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    assert cache.pos == 6
+
+
+def test_writing_past_the_end_of_the_cache_states_the_limit():
+    cache = KVCache(n_layer=1, batch_size=1, n_head=2, head_dim=4, max_len=8)
+    cache.update(0, torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4))
+    cache.advance(6)
+    with pytest.raises(ValueError, match="holds 8 positions.*needs 9"):
+        cache.update(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+
+
+def test_model_refuses_positions_past_block_size():
+    model = tiny_model(VOCAB, block_size=8)
+    with pytest.raises(ValueError, match="block_size=8"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    cache = model.new_cache(1)
+    model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="9 positions exceed the model's block_size=8"):
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+@pytest.mark.parametrize("new_tokens", [10, 3 * BLOCK])  # the second slides the context twice
+def test_greedy_generation_is_identical_with_and_without_the_cache(new_tokens):
+    model = tiny_model(VOCAB, BLOCK)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (2, 5))
+    with_cache = torch.stack(list(generate(model, prompt, new_tokens, temperature=0)), dim=1)
+    without = torch.stack(list(generate(model, prompt, new_tokens, temperature=0, use_cache=False)), dim=1)
+    assert with_cache.shape == (2, new_tokens)
+    assert torch.equal(with_cache, without)
+
+
+def test_greedy_generation_follows_the_full_forward_argmax():
+    model = tiny_model(VOCAB, BLOCK)
+    torch.manual_seed(1)
+    sequence = torch.randint(0, VOCAB, (1, 4))
+    for token in generate(model, sequence.clone(), 12, temperature=0):
+        expected = model(sequence)[0][:, -1].argmax(-1)
+        assert torch.equal(token, expected)
+        sequence = torch.cat([sequence, token[:, None]], dim=1)
+
+
+def test_context_slides_to_the_last_half_block_when_full():
+    # within the block nothing moves
+    assert slide_context(0, BLOCK, BLOCK) == 0
+    # one token past it, the context restarts with the last BLOCK // 2 tokens
+    assert slide_context(0, BLOCK + 1, BLOCK) == BLOCK + 1 - BLOCK // 2
+    start = BLOCK + 1 - BLOCK // 2
+    # and it holds until the window is full again
+    assert slide_context(start, start + BLOCK, BLOCK) == start
+    assert slide_context(start, start + BLOCK + 1, BLOCK) == start + BLOCK + 1 - BLOCK // 2
+
+
+def test_generation_past_block_size_sees_the_documented_context():
+    model = tiny_model(VOCAB, block_size=8)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (1, 3))
+    tokens = prompt[0].tolist()
+    start = 0
+    for token in generate(model, prompt, 30, temperature=0):
+        start = slide_context(start, len(tokens), 8)
+        window = torch.tensor([tokens[start:]])
+        assert window.size(1) <= 8 and (start == 0 or window.size(1) >= 4)
+        assert token.item() == model(window)[0][0, -1].argmax().item()
+        tokens.append(token.item())
+
+
+def test_stop_token_finishes_each_row_on_its_own():
+    model = tiny_model(VOCAB, BLOCK)
+    torch.manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (2, 3))
+    free = torch.stack(list(generate(model, prompt, 20, temperature=0)), dim=1)  # (2, 20)
+    stop = free[0, 2].item()  # row 0 reaches it at step 2 (or earlier)
+    assert stop not in free[1, :5].tolist()  # row 1 does not reach it within 5 steps
+    stopped = torch.stack(list(generate(model, prompt, 20, temperature=0, stop_token=stop)), dim=1)
+    first = free[0].tolist().index(stop)
+    assert torch.all(stopped[0, first:] == stop)  # a finished row repeats the stop token
+    assert torch.equal(stopped[1, : first + 1], free[1, : first + 1])
+    rows_stop_at = [row.index(stop) if stop in row else None for row in free.tolist()]
+    if None not in rows_stop_at:
+        assert stopped.size(1) == max(rows_stop_at) + 1  # ends once every row has stopped
+
+
+def test_generation_never_samples_padded_vocabulary_ids():
+    model = tiny_model(VOCAB, BLOCK)
+    with torch.no_grad():
+        model.lm_head.weight[40:] = 5.0  # make the padding ids the most likely by far
+    prompt = torch.zeros(1, 2, dtype=torch.long)
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.cat(list(generate(model, prompt, 30, temperature=1.0, vocab_size=40, generator=generator)))
+    assert tokens.max().item() < 40

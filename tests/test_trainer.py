@@ -1,0 +1,172 @@
+import json
+import math
+
+import pytest
+import torch
+
+from errors import UserError
+from trainer.config import OptimConfig, load_config
+from trainer.loop import Trainer
+from trainer.metrics import flops_per_token, peak_flops
+from trainer.optim import build_optimizer, lr_at
+from tests.conftest import tiny_config, tiny_model
+
+
+def read_metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_losses(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir) if "loss" in r}
+
+
+def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
+    cfg = OptimConfig(learning_rate=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=110)
+    warmup = [lr_at(step, cfg) for step in range(10)]
+    assert warmup == pytest.approx([(s + 1) / 11 for s in range(10)])
+    assert lr_at(10, cfg) == pytest.approx(1.0)  # peak at the end of warmup
+    assert lr_at(60, cfg) == pytest.approx(0.55)  # halfway through the decay: the midpoint
+    decay = [lr_at(step, cfg) for step in range(10, 111)]
+    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert lr_at(110, cfg) == pytest.approx(0.1) and lr_at(10_000, cfg) == 0.1
+
+
+def test_weight_decay_applies_to_matrices_only():
+    model = tiny_model()
+    optimizer = build_optimizer(model, OptimConfig(weight_decay=0.1), torch.device("cpu"))
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.1 and all(p.dim() == 2 for p in decayed["params"])
+    assert plain["weight_decay"] == 0.0 and all(p.dim() == 1 for p in plain["params"])
+    assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
+
+
+def test_mfu_peak_table_matches_gpu_names():
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA H200") == 989e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
+    assert peak_flops("NVIDIA A10") == 125e12
+    assert peak_flops("Some Future GPU") is None
+
+
+def test_flops_per_token_counts_weights_and_attention():
+    model = tiny_model()
+    cfg = model.config
+    n = model.num_params()
+    assert flops_per_token(cfg, n) == 6 * n + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def test_training_lowers_the_loss_and_records_the_run(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=30, optim__learning_rate=3e-3)).fit()
+    records = read_metrics(run_dir)
+    steps = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in steps] == list(range(1, 31))
+    assert all({"lr", "tokens_per_sec"} <= r.keys() and r["tokens_per_sec"] > 0 for r in steps)
+    assert [r["step"] for r in evals] == [0, 10, 20, 30]
+    assert evals[0]["val_loss"] == pytest.approx(math.log(65), abs=0.15)  # untrained: about ln(vocab)
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
+    assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) for r in evals)
+    saved = load_config(str(run_dir / "config.toml"), [])
+    assert saved.model.vocab_size == 65 and saved.train.max_iters == 30
+    checkpoint = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert checkpoint["step"] == 30 and checkpoint["config"]["model"]["vocab_size"] == 65
+
+
+def test_gradient_accumulation_equals_one_large_batch(tmp_path, data_dir):
+    """Two micro-batches of b sequences give the loss and the gradients of one batch of 2b."""
+    torch.manual_seed(0)
+    x = torch.randint(0, 65, (8, 32))
+    y = torch.randint(0, 65, (8, 32))
+
+    class FixedBatches:
+        def __init__(self, size):
+            self.size, self.at = size, 0
+
+        def next_batch(self):
+            batch = x[self.at : self.at + self.size], y[self.at : self.at + self.size]
+            self.at += self.size
+            return batch
+
+    results = []
+    for accumulation, batch_size in ((2, 4), (1, 8)):
+        trainer = Trainer(
+            tiny_config(tmp_path / f"run{accumulation}", data_dir, data__batch_size=batch_size,
+                        train__gradient_accumulation_steps=accumulation, train__grad_clip=0.0)  # fmt: skip
+        )
+        trainer.batches = FixedBatches(batch_size)
+        grads = []  # the gradients the optimizer is handed, after clipping
+        trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in trainer.model.parameters())
+        loss = trainer.train_step(lr=1e-3)
+        results.append((loss, grads))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=1e-6)
+    assert len(grads_a) == len(grads_b) > 0
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_resumed_run_matches_an_uninterrupted_one(tmp_path, data_dir):
+    """Stopping at step 10 and resuming gives the very same losses afterwards, dropout included."""
+    common = dict(model__dropout=0.1, train__max_iters=20, train__eval_interval=10)
+    Trainer(tiny_config(tmp_path / "whole", data_dir, **common)).fit()
+    Trainer(tiny_config(tmp_path / "split", data_dir, **common | {"train__max_iters": 10})).fit()
+    resumed = Trainer(tiny_config(tmp_path / "split", data_dir, **common | {"train__init_from": "resume"}))
+    assert resumed.step == 10
+    resumed.fit()
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+    assert [r["step"] for r in read_metrics(tmp_path / "split") if "val_loss" in r] == [0, 10, 20]
+
+
+def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    with open(run_dir / "metrics.jsonl", "a") as f:  # as if the run died at step 12, after its checkpoint
+        f.write(json.dumps({"step": 11, "loss": 9.0}) + "\n" + json.dumps({"step": 12, "loss": 9.0}) + "\n")
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=12, train__init_from="resume")).fit()
+    losses = train_losses(run_dir)
+    assert sorted(losses) == list(range(1, 13)) and 9.0 not in losses.values()
+
+
+def test_existing_run_directory_is_not_overwritten(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
+    with pytest.raises(UserError, match=r"already holds a run \(ckpt.pt\); continue it with --train.init_from=resume"):
+        Trainer(tiny_config(run_dir, data_dir, train__max_iters=10))
+    (run_dir / "ckpt.pt").unlink()  # as if the run had died before its first checkpoint
+    with pytest.raises(UserError, match="holds the metrics.jsonl of a run that wrote no checkpoint"):
+        Trainer(tiny_config(run_dir, data_dir, train__max_iters=10))
+    before.pop("ckpt.pt")
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, data_dir):
+    with pytest.raises(UserError, match=r"init_from='resume' but there is no checkpoint at .*ckpt.pt"):
+        Trainer(tiny_config(tmp_path / "empty", data_dir, train__init_from="resume"))
+
+
+def test_resume_with_a_different_model_is_a_clear_error(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    with pytest.raises(UserError, match=r"model.n_layer=3 but the run in .* was trained with 2"):
+        Trainer(tiny_config(run_dir, data_dir, train__init_from="resume", model__n_layer=3))
+
+
+def test_vocab_size_smaller_than_the_dataset_is_a_clear_error(tmp_path, data_dir):
+    with pytest.raises(UserError, match="model.vocab_size=50 is smaller than the dataset's vocabulary of 65"):
+        Trainer(tiny_config(tmp_path / "run", data_dir, model__vocab_size=50))
+
+
+def test_padded_vocabulary_is_allowed(tmp_path, data_dir):
+    trainer = Trainer(tiny_config(tmp_path / "run", data_dir, model__vocab_size=128))
+    assert trainer.model.lm_head.out_features == 128
+
+
+def test_wandb_offline_logs_without_network(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10, wandb__enabled=True, wandb__mode="offline")).fit()
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1
+    assert any(offline_runs[0].glob("*.wandb"))

@@ -1,0 +1,1 @@
+"""Training a GPT from a typed config: the config tree, the loop, checkpoints, metrics."""

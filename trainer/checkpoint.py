@@ -1,0 +1,88 @@
+"""Checkpoints: plain data only (tensors, numbers, strings, dicts), written atomically.
+
+A checkpoint loads with `torch.load(weights_only=True)`, which refuses any pickled object that
+could run code. It is written to a temporary file that is flushed to disk and then renamed over
+the old one, so a crash mid-write leaves the previous checkpoint intact.
+"""
+
+import os
+import pickle
+from pathlib import Path
+
+import torch
+
+from data.tokenizer import Tokenizer, tokenizer_from_meta
+from errors import UserError
+from model import GPT
+from trainer.config import config_from_dict
+
+CHECKPOINT_NAME = "ckpt.pt"
+FORMAT_VERSION = 1
+REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
+
+
+def save_checkpoint(state: dict, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict:
+    """Load a checkpoint onto the CPU; any problem is a UserError naming the file."""
+    if not path.is_file():
+        raise UserError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "Weights only load failed" in str(e):
+            raise UserError(
+                f"refused to load {path}: it holds pickled Python objects that could run code, "
+                f"not just tensors and plain data (only load checkpoints you trust, and never "
+                f"with weights_only=False)"
+            ) from None
+        raise UserError(f"{path} is not a readable checkpoint ({_first_line(e)})") from None
+    except Exception as e:  # torch.load fails on damaged files in many ways; each means the same here
+        raise UserError(f"{path} is not a readable checkpoint: truncated or corrupt ({_first_line(e)})") from None
+    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
+        raise UserError(f"{path} is not a checkpoint written by this trainer (it lacks {', '.join(REQUIRED_KEYS)})")
+    if state["format_version"] != FORMAT_VERSION:
+        raise UserError(
+            f"{path} has checkpoint format {state['format_version']}; this version reads format {FORMAT_VERSION}"
+        )
+    return state
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def latest_run(root: Path) -> Path:
+    """The run directory under root whose checkpoint was written last."""
+    checkpoints = sorted(root.glob(f"*/{CHECKPOINT_NAME}"), key=lambda p: p.stat().st_mtime)
+    if not checkpoints:
+        raise UserError(
+            f"no run with a checkpoint under {root}/ (train one first: python train.py --config "
+            f"configs/shakespeare_char.toml, or pass --out-dir)"
+        )
+    return checkpoints[-1].parent
+
+
+def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]:
+    """The trained model (on the CPU, in eval mode) and the tokenizer of its dataset."""
+    cfg = config_from_dict(checkpoint["config"], source=str(path))
+    model = GPT(cfg.model)
+    try:
+        model.load_state_dict(checkpoint["model"])
+    except RuntimeError as e:
+        raise UserError(f"the weights in {path} do not fit the model its config describes ({_first_line(e)})") from None
+    tokenizer = tokenizer_from_meta(checkpoint["dataset"])
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise UserError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"model.vocab_size={cfg.model.vocab_size}"
+        )
+    return model.eval(), tokenizer

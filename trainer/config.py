@@ -1,0 +1,296 @@
+"""The typed config tree: the single source of truth for a training run.
+
+Precedence: dataclass defaults < the TOML file given with --config < command-line overrides
+(`--section.key=value` or `--section.key value`). The resolved tree is saved in the run directory
+(config.toml) and inside every checkpoint.
+"""
+
+import dataclasses
+import difflib
+import inspect
+import json
+import re
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from errors import ConfigError
+from model import GPTConfig
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+INIT_FROM = ("scratch", "resume")
+WANDB_MODES = ("online", "offline")
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "shakespeare_char"  # prepared dataset: a folder under data_dir (bundled ones are prepared on first use)
+    data_dir: str = "data"  # folder that holds prepared datasets
+    batch_size: int = 12  # sequences per micro-batch
+
+    def __post_init__(self):
+        if not self.dataset:
+            raise ValueError("dataset='' must name a prepared dataset (e.g. shakespeare_char)")
+        _check_positive(self, "batch_size")
+
+
+@dataclass
+class OptimConfig:
+    learning_rate: float = 6e-4  # peak LR, reached at the end of warmup
+    min_lr: float = 6e-5  # LR at the end of the cosine decay, and after it
+    warmup_iters: int = 2000  # linear warmup steps from 0 to learning_rate
+    lr_decay_iters: int = 600000  # step at which the cosine decay reaches min_lr
+    weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
+    beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
+    beta2: float = 0.95  # AdamW decay rate of the squared gradient's running mean
+
+    def __post_init__(self):
+        if self.learning_rate <= 0:
+            raise ValueError(f"learning_rate={self.learning_rate} must be positive")
+        if not 0 <= self.min_lr <= self.learning_rate:
+            raise ValueError(f"min_lr={self.min_lr} must be between 0 and learning_rate={self.learning_rate}")
+        if self.warmup_iters < 0:
+            raise ValueError(f"warmup_iters={self.warmup_iters} must be 0 or more")
+        if self.lr_decay_iters < self.warmup_iters:
+            raise ValueError(
+                f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}"
+            )
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be 0 or more")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt
+    device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
+    dtype: str = "auto"  # "auto" (bfloat16 on CUDA if supported, else float16; float32 elsewhere), "float32", "bfloat16", "float16"
+    compile: bool = False  # torch.compile the model (slow start, faster steps)
+    seed: int = 1337  # seeds weight init, dropout and batch sampling
+    max_iters: int = 600000  # optimizer steps in the whole run
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
+    eval_interval: int = 2000  # steps between evaluations (each one also writes a checkpoint)
+    eval_iters: int = 200  # batches per split in each evaluation
+    log_interval: int = 10  # steps between lines of metrics.jsonl
+    init_from: str = "scratch"  # "scratch" (new run) or "resume" (continue out_dir's checkpoint)
+
+    def __post_init__(self):
+        if not self.out_dir:
+            raise ValueError("out_dir='' must name a run directory")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+        _check_choice(self, "dtype", DTYPES)
+        _check_choice(self, "init_from", INIT_FROM)
+        for name in ("max_iters", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+            _check_positive(self, name)
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")
+
+
+@dataclass
+class WandbConfig:
+    enabled: bool = False  # log metrics to Weights & Biases
+    project: str = "gpt"  # wandb project name
+    run_name: str = ""  # wandb run name; "" = the run directory's name
+    mode: str = "online"  # "online", or "offline" (no network needed; upload later with `wandb sync`)
+
+    def __post_init__(self):
+        _check_choice(self, "mode", WANDB_MODES)
+
+
+@dataclass
+class Config:
+    model: GPTConfig = field(default_factory=GPTConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def _check_positive(section, name: str) -> None:
+    value = getattr(section, name)
+    if value <= 0:
+        raise ValueError(f"{name}={value} must be a positive integer")
+
+
+def _check_choice(section, name: str, choices: tuple[str, ...]) -> None:
+    value = getattr(section, name)
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def load_config(path: str | None, overrides: list[str]) -> Config:
+    """Defaults, then the TOML file at path (if any), then `--section.key=value` overrides."""
+    values: dict[str, dict[str, object]] = {name: {} for name in SECTIONS}
+    if path is not None:
+        for section, key, value in _read_toml(Path(path)):
+            values[section][key] = _check_type(section, key, value, source=path)
+    for section, key, text in _parse_overrides(overrides):
+        values[section][key] = _from_string(section, key, text)
+    return build_config(values)
+
+
+def build_config(values: dict[str, dict[str, object]]) -> Config:
+    """Build the tree from {section: {key: value}}, values already of the right types."""
+    sections = {}
+    for name, cls in SECTIONS.items():
+        try:
+            sections[name] = cls(**values.get(name, {}))
+        except ValueError as e:
+            raise ConfigError(f"{name}.{e}") from None
+    return Config(**sections)
+
+
+def config_from_dict(raw: dict, source: str) -> Config:
+    """A tree from a plain nested dict (a checkpoint's copy), checking keys and types."""
+    values: dict[str, dict[str, object]] = {name: {} for name in SECTIONS}
+    for section, table in raw.items():
+        _check_section(section, source)
+        for key, value in table.items():
+            values[section][key] = _check_type(section, key, value, source)
+    return build_config(values)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def config_to_toml(cfg: Config) -> str:
+    """The resolved config as TOML that load_config reads back to an equal Config."""
+    lines = []
+    for section, table in config_to_dict(cfg).items():
+        lines.append(f"[{section}]")
+        for key, value in table.items():
+            # JSON's strings, numbers and booleans are valid TOML values
+            lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _read_toml(path: Path) -> list[tuple[str, str, object]]:
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist (see configs/ for examples)") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    entries = []
+    for section, table in raw.items():
+        if not isinstance(table, dict):
+            raise ConfigError(
+                f"{section} = {table!r} in {path} is outside any section "
+                f"(put it under one of [{'], ['.join(SECTIONS)}])"
+            )
+        _check_section(section, str(path))
+        entries.extend((section, key, value) for key, value in table.items())
+    return entries
+
+
+def _parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
+    """`--section.key=value` and `--section.key value` pairs; a bare `--section.flag` means true."""
+    entries = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or "." not in arg:
+            raise ConfigError(f"unexpected argument {arg!r} (overrides look like --section.key=value)")
+        name, has_value, text = arg[2:].partition("=")
+        section, _, key = name.partition(".")
+        _check_section(section, "the command line")
+        _field_type(section, key)  # rejects unknown keys before the value is looked at
+        if not has_value:
+            next_is_value = i + 1 < len(args) and not args[i + 1].startswith("--")
+            if next_is_value:
+                i += 1
+                text = args[i]
+            elif _field_type(section, key) is bool:
+                text = "true"
+            else:
+                raise ConfigError(f"--{name} needs a value (--{name}=VALUE)")
+        entries.append((section, key, text))
+        i += 1
+    return entries
+
+
+def _check_section(section: str, source: str) -> None:
+    if section not in SECTIONS:
+        raise ConfigError(
+            f"unknown config section [{section}] in {source} (valid sections: {', '.join(SECTIONS)})"
+        )
+
+
+def _field_type(section: str, key: str) -> type:
+    hints = typing.get_type_hints(SECTIONS[section])
+    names = [f.name for f in dataclasses.fields(SECTIONS[section])]
+    if key not in names:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"did you mean {section}.{close[0]}? " if close else ""
+        raise ConfigError(
+            f"unknown config key {section}.{key} ({hint}valid keys in [{section}]: {', '.join(names)})"
+        )
+    return hints[key]
+
+
+def _type_name(kind: type) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}[kind]
+
+
+def _check_type(section: str, key: str, value: object, source: str) -> object:
+    kind = _field_type(section, key)
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)  # an int is fine where a float is expected
+    if not ok:
+        raise ConfigError(f"{section}.{key}={value!r} in {source} is not {_type_name(kind)}")
+    return value
+
+
+def _from_string(section: str, key: str, text: str) -> object:
+    kind = _field_type(section, key)
+    try:
+        if kind is bool:
+            lowered = text.lower()
+            if lowered in ("true", "1", "yes"):
+                return True
+            if lowered in ("false", "0", "no"):
+                return False
+            raise ValueError
+        return kind(text)
+    except ValueError:
+        raise ConfigError(
+            f"{section}.{key}={text!r} on the command line is not {_type_name(kind)}"
+        ) from None
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The trailing comment of each field in a config dataclass's source: its help text."""
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.*)$", line)
+        if match:
+            comments[match.group(1)] = match.group(2)
+    return comments
+
+
+def config_help() -> str:
+    """Every config key with its type, default and meaning, for --help."""
+    lines = []
+    defaults = config_to_dict(Config())
+    for section, cls in SECTIONS.items():
+        lines.append(f"[{section}]")
+        comments = field_comments(cls)
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = json.dumps(defaults[section][f.name])
+            lines.append(
+                f"  {f.name:<28} {hints[f.name].__name__:<5} {default:<20} {comments.get(f.name, '')}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""What a run records: metrics.jsonl (one JSON object per logged step or evaluation), optionally
+Weights & Biases, and model FLOPs utilisation (MFU) on GPUs."""
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from model import GPTConfig
+from trainer.config import WandbConfig
+
+METRICS_NAME = "metrics.jsonl"
+
+# Dense bf16/fp16 tensor-core peak of each GPU model in FLOP/s, from the vendors' datasheets
+# (without sparsity). Matched against torch.cuda.get_device_name() in order, so a longer name
+# comes before a name it contains ("H100 PCIe" before "H100", "A100" before "A10").
+PEAK_FLOPS = (
+    ("GH200", 989e12),
+    ("H200", 989e12),
+    ("H100 NVL", 835e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),  # SXM
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A10", 125e12),
+    ("L40S", 362e12),
+    ("L40", 181e12),
+    ("L4", 121e12),
+    ("RTX 4090", 165e12),
+    ("RTX 3090", 71e12),
+    ("V100", 125e12),
+    ("T4", 65e12),
+)
+
+
+def peak_flops(device_name: str) -> float | None:
+    """The table's peak for a GPU name such as 'NVIDIA H100 80GB HBM3', or None if unknown."""
+    for pattern, flops in PEAK_FLOPS:
+        if pattern in device_name:
+            return flops
+    return None
+
+
+def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
+    """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's score and
+    value products, 12 * n_layer * block_size * n_embd (PaLM paper, appendix B). n_params should
+    leave out the position embedding, which does no multiply."""
+    return 6 * n_params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+
+
+class MetricsLog:
+    """Appends records to run_dir/metrics.jsonl (flushed each line) and sends them to wandb."""
+
+    def __init__(self, run_dir: Path, wandb_cfg: WandbConfig, run_config: dict, resume_step: int | None, wandb_run_id: str | None):
+        self.path = run_dir / METRICS_NAME
+        if resume_step is not None and self.path.exists():
+            self._drop_records_after(resume_step)
+        self.file = open(self.path, "a", encoding="utf-8")
+        self.wandb_run = None
+        self.wandb_run_id = wandb_run_id
+        if wandb_cfg.enabled:
+            import wandb  # imported only when asked for: it takes a while to load
+
+            self.wandb_run = wandb.init(
+                project=wandb_cfg.project,
+                name=wandb_cfg.run_name or run_dir.name,
+                config=run_config,
+                dir=str(run_dir),
+                mode=wandb_cfg.mode,
+                id=wandb_run_id,  # a resumed run continues the same wandb run
+                resume="allow" if wandb_run_id else None,
+            )
+            self.wandb_run_id = self.wandb_run.id
+
+    def log(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            values = {key: value for key, value in record.items() if key != "step"}
+            self.wandb_run.log(values, step=record["step"])
+
+    def close(self) -> None:
+        self.file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+    def _drop_records_after(self, step: int) -> None:
+        """A resumed run logs the steps after its checkpoint again; drop the old copies."""
+        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def gpu_peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    return peak_flops(torch.cuda.get_device_name(device))
