@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from data.tokenizer import StreamDecoder
+from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
-from model import generate
+from model import GPT, generate
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.runtime import resolve_device, resolve_dtype
 
@@ -38,8 +38,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens holding this much probability; 1 = all (default: 1)")
     parser.add_argument("--seed", type=int, default=1337, help="random seed (default: 1337)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="auto: bfloat16 on CUDA, else float32")
-    parser.add_argument("--no-cache", action="store_true", help="re-encode the whole context at every step (slow; for comparison)")
+    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="the model is cast to this; auto: bfloat16 on GPUs of compute capability 8.0+, float16 on older ones, float32 elsewhere")
+    parser.add_argument("--no-cache", action="store_true", help="re-encode the whole context at every step instead of using the KV cache (slow: to measure what the cache saves)")
     args = parser.parse_args()
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
@@ -61,6 +61,8 @@ def read_prompt(args: argparse.Namespace, default: str) -> str:
         return Path(args.prompt_file).read_text(encoding="utf-8") or default
     except FileNotFoundError:
         raise UserError(f"--prompt-file={args.prompt_file!r} does not exist") from None
+    except OSError as e:
+        raise UserError(f"--prompt-file={args.prompt_file!r} cannot be read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise UserError(f"--prompt-file={args.prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
 
@@ -73,45 +75,54 @@ def main() -> None:
     checkpoint_path = run_dir / CHECKPOINT_NAME
     model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
     model.to(device=device, dtype=dtype)
-    block_size = model.config.block_size
 
-    default_prompt = "<|endoftext|>" if tokenizer.eot_token is not None else "\n"
-    prompt = read_prompt(args, default_prompt)
+    prompt = read_prompt(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
     prompt_ids = tokenizer.encode(prompt)
+    block_size = model.config.block_size
     if len(prompt_ids) > block_size:
         raise UserError(
             f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
             f"tokens (shorten the prompt)"
         )
     print(f"sampling from {checkpoint_path} on {device.type}", file=sys.stderr)
-
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    prompt_tensor = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     for i in range(args.num_samples):
         if i > 0:
             print("\n" + "-" * 40)
-        sys.stdout.write(prompt)
-        decoder = StreamDecoder(tokenizer)
-        tokens = generate(
-            model,
-            prompt_tensor,
-            args.max_new_tokens,
-            temperature=args.temperature,
-            top_k=args.top_k or None,
-            top_p=args.top_p,
-            stop_token=tokenizer.eot_token,
-            vocab_size=tokenizer.vocab_size,
-            generator=generator,
-            use_cache=not args.no_cache,
-        )
-        for token in tokens:
-            token_id = int(token[0])
-            if token_id == tokenizer.eot_token:
-                break
-            sys.stdout.write(decoder.feed(token_id))
-            sys.stdout.flush()
-        sys.stdout.write(decoder.flush() + "\n")
+        write_sample(model, tokenizer, prompt, prompt_ids, args, generator)
+
+
+def write_sample(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompt: str,
+    prompt_ids: list[int],
+    args: argparse.Namespace,
+    generator: torch.Generator,
+) -> None:
+    """Generate one sample and write it to stdout token by token, ending at <|endoftext|> if any."""
+    sys.stdout.write(prompt)
+    decoder = StreamDecoder(tokenizer)
+    tokens = generate(
+        model,
+        torch.tensor([prompt_ids], dtype=torch.long, device=generator.device),
+        args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k or None,
+        top_p=args.top_p,
+        stop_token=tokenizer.eot_token,
+        vocab_size=tokenizer.vocab_size,
+        generator=generator,
+        use_cache=not args.no_cache,
+    )
+    for token in tokens:
+        token_id = int(token[0])
+        if token_id == tokenizer.eot_token:
+            break
+        sys.stdout.write(decoder.feed(token_id))
         sys.stdout.flush()
+    sys.stdout.write(decoder.flush() + "\n")
+    sys.stdout.flush()
 
 
 if __name__ == "__main__":

@@ -95,10 +95,10 @@ def generate(
         if stop_token is not None and bool(finished.all()):
             return
         new_start = slide_context(start, length, block_size)
-        if cache is None or new_start != start:
+        if cache is not None and new_start == start:
+            new_input = tokens[:, length - 1 : length]  # the cache holds the rest of the context
+        else:
             start = new_start
+            new_input = tokens[:, start:length]  # the whole context, from position 0
             if cache is not None:
                 cache.reset()
-            new_input = tokens[:, start:length]
-        else:
-            new_input = tokens[:, length - 1 : length]

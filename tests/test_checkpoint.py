@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -98,9 +100,7 @@ def test_latest_run_is_the_most_recent_checkpoint(tmp_path):
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
         (tmp_path / name / "ckpt.pt").write_bytes(b"")
-    import os
-
-    os.utime(tmp_path / "b" / "ckpt.pt", (2e9, 2e9))
+    os.utime(tmp_path / "b" / "ckpt.pt", (2e9, 2e9))  # written last
     assert latest_run(tmp_path) == tmp_path / "b"
     with pytest.raises(UserError, match="no run with a checkpoint under"):
         latest_run(tmp_path / "a")

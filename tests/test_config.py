@@ -112,6 +112,19 @@ def test_invalid_value_names_key_value_and_what_is_accepted(override, message):
         load_config(None, override)
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_rejected(tmp_path, text):
+    with pytest.raises(ConfigError, match=rf"optim.weight_decay='{text}' on the command line is not a finite number"):
+        load_config(None, [f"--optim.weight_decay={text}"])
+    with pytest.raises(ConfigError, match=r"train.grad_clip=.* in .* is not a finite number"):
+        load_config(write(tmp_path, f"[train]\ngrad_clip = {text}\n"), [])
+
+
+def test_negative_number_is_read_as_a_value():
+    with pytest.raises(ConfigError, match="optim.weight_decay=-1.0 must be 0 or more"):
+        load_config(None, ["--optim.weight_decay", "-1"])
+
+
 def test_override_without_a_value_is_rejected():
     with pytest.raises(ConfigError, match="--model.n_layer needs a value"):
         load_config(None, ["--model.n_layer"])
@@ -131,10 +144,20 @@ def test_unparseable_toml_names_the_file_and_line(tmp_path):
 def test_missing_config_file_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match=r"config file .*nope.toml does not exist"):
         load_config(str(tmp_path / "nope.toml"), [])
+    with pytest.raises(ConfigError, match=r"config file .* cannot be read \(Is a directory\)"):
+        load_config(str(tmp_path), [])
 
 
 def test_resolved_config_round_trips_through_toml(tmp_path):
-    cfg = load_config(None, ["--model.n_layer=3", "--train.out_dir=out/with \"quotes\"", "--optim.min_lr=1e-05"])
+    cfg = load_config(
+        None,
+        [
+            "--model.n_layer=3",
+            "--optim.min_lr=1e-05",
+            '--train.out_dir=out/with "quotes", a \\ backslash, a\ttab and a=sign',
+            "--wandb.run_name=café 🙂 \x7f \U0001d11e",  # accents, characters beyond U+FFFF, DEL
+        ],
+    )
     assert load_config(write(tmp_path, config_to_toml(cfg)), []) == cfg
 
 

@@ -1,10 +1,13 @@
 """Checks of the CUDA path; skipped on machines without a CUDA GPU."""
 
+import json
+
 import pytest
 import torch
 
-from tests.conftest import tiny_config, tiny_model
+from tests.conftest import run_script, tiny_config, tiny_model
 from trainer.loop import Trainer
+from trainer.metrics import gpu_peak_flops
 
 pytestmark = pytest.mark.gpu
 
@@ -26,7 +29,27 @@ def test_mixed_precision_training_lowers_the_loss_on_cuda(tmp_path, data_dir, dt
                     optim__learning_rate=3e-3)  # fmt: skip
     )
     assert trainer.model.lm_head.weight.is_cuda
+    assert trainer.optimizer.defaults["fused"] is True
     assert trainer.scaler.is_enabled() == (dtype == "float16")
+    x, y = trainer.batches.next_batch()
+    assert x.is_cuda and y.is_cuda
     before = trainer.evaluate()["val"]
     trainer.fit()
     assert trainer.evaluate()["val"] < before - 0.5
+
+
+def test_compiled_run_logs_mfu_resumes_in_another_precision_and_samples(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    common = dict(train__device="cuda", train__compile=True, train__eval_interval=10)
+    Trainer(tiny_config(run_dir, data_dir, train__dtype="bfloat16", train__max_iters=10, **common)).fit()
+    steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if gpu_peak_flops(torch.device("cuda")) is not None:
+        assert all(0 < r["mfu"] < 1 for r in steps if "loss" in r)
+    resumed = Trainer(
+        tiny_config(run_dir, data_dir, train__dtype="float16", train__max_iters=20, train__init_from="resume", **common)
+    )
+    assert resumed.step == 10 and resumed.scaler.is_enabled()
+    resumed.fit()
+    sample = run_script("sample.py", "--out-dir", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "50", "--device", "cuda")
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == len("ROMEO:") + 50 + 1

@@ -1,8 +1,11 @@
 """train.py and sample.py driven as a user drives them: in a fresh interpreter, from the shell."""
 
 import pytest
+import torch
 
-from tests.conftest import run_script, tiny_toml
+from tests.conftest import run_script, tiny_config, tiny_toml
+from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.loop import Trainer
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +44,7 @@ def test_train_prepares_the_bundled_data_and_writes_a_run(trained):
 
 def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
     workdir, _ = trained
-    result = run_script("sample.py", "--prompt", "ROMEO:", "--max-new-tokens", "100", cwd=workdir)
+    result = run_script("sample.py", "--prompt", "ROMEO:", "--max-new-tokens", "100", "--device", "cpu", cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:")
     assert len(result.stdout) == len("ROMEO:") + 100 + 1  # 100 characters past a 32-token context, then a newline
@@ -50,7 +53,7 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
 
 def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):
     workdir, _ = trained
-    args = ("--out-dir", "out/tiny", "--prompt", "KING:", "--temperature", "0", "--max-new-tokens", "60")
+    args = ("--out-dir", "out/tiny", "--prompt", "KING:", "--temperature", "0", "--max-new-tokens", "60", "--device", "cpu")
     cached = run_script("sample.py", *args, cwd=workdir)
     uncached = run_script("sample.py", *args, "--no-cache", cwd=workdir)
     assert cached.returncode == uncached.returncode == 0
@@ -64,6 +67,42 @@ def test_several_samples_are_separated(trained):
     assert result.stdout.count("-" * 40) == 2
 
 
+def test_the_seed_makes_samples_reproducible(trained):
+    workdir, _ = trained
+    args = ("--out-dir", "out/tiny", "--temperature", "1", "--max-new-tokens", "40", "--device", "cpu")
+    first, again, other = (run_script("sample.py", *args, "--seed", seed, cwd=workdir) for seed in ("1", "1", "2"))
+    assert first.returncode == again.returncode == other.returncode == 0
+    assert first.stdout == again.stdout
+    assert first.stdout != other.stdout
+
+
+def test_prompt_can_come_from_a_file(trained):
+    workdir, _ = trained
+    (workdir / "prompt.txt").write_text("JULIET:\nO Romeo")
+    result = run_script("sample.py", "--out-dir", "out/tiny", "--prompt-file", "prompt.txt", "--max-new-tokens", "5", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("JULIET:\nO Romeo") and len(result.stdout) == len("JULIET:\nO Romeo") + 5 + 1
+
+
+def test_bpe_sample_stops_at_end_of_text(bpe_data_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, bpe_data_dir, data__dataset="shakespeare", train__max_iters=1, train__eval_iters=1)).fit()
+    checkpoint = load_checkpoint(run_dir / "ckpt.pt")
+    weights = checkpoint["model"]
+    # make <|endoftext|> (50256) by far the likeliest next token after any input
+    direction = torch.zeros_like(weights["transformer.wte.weight"][50256])
+    direction[0] = 10.0
+    weights["transformer.wte.weight"][50256] = direction
+    weights["transformer.ln_f.weight"].zero_()
+    weights["transformer.ln_f.bias"].copy_(direction)
+    save_checkpoint(checkpoint, run_dir / "ckpt.pt")
+    result = run_script(
+        "sample.py", "--out-dir", str(run_dir), "--prompt", "Hello", "--num-samples", "2", "--device", "cpu",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "Hello\n\n" + "-" * 40 + "\nHello\n"
+
+
 def test_bpe_model_trains_and_samples(bpe_data_dir, tmp_path):
     (tmp_path / "bpe.toml").write_text(tiny_toml(out_dir="run", data_dir=str(bpe_data_dir)))
     train = run_script(
@@ -71,7 +110,9 @@ def test_bpe_model_trains_and_samples(bpe_data_dir, tmp_path):
         "--train.eval_interval=4", cwd=tmp_path,
     )  # fmt: skip
     assert train.returncode == 0, train.stderr
-    sample = run_script("sample.py", "--out-dir", "run", "--prompt", "Hello", "--max-new-tokens", "8", cwd=tmp_path)
+    sample = run_script(
+        "sample.py", "--out-dir", "run", "--prompt", "Hello", "--max-new-tokens", "8", "--device", "cpu", cwd=tmp_path,
+    )  # fmt: skip
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("Hello") and len(sample.stdout) > len("Hello\n")
 
@@ -99,15 +140,28 @@ def test_sample_help_states_the_context_policy():
         ("", ["--data.dataset=nowhere"], ["no prepared dataset at data/nowhere"]),
         ("", ["--model.block_size=2000000"], ["fewer than model.block_size + 1 = 2000001"]),
         ("", ["--train.init_from=resume", "--train.out_dir=out/empty"], ["no checkpoint at out/empty/ckpt.pt"]),
-        ("", ["--train.device=cuda"], ["train.device='cuda' but this machine has no usable CUDA GPU"]),
+        ("", ["--optim.weight_decay", "-1"], ["optim.weight_decay=-1.0 must be 0 or more"]),
+        ("", ["--train.max_iters=ten"], ["train.max_iters='ten' on the command line is not an integer"]),
+        pytest.param(
+            "", ["--train.device=cuda"], ["train.device='cuda' but this machine has no usable CUDA GPU"],
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU"),
+        ),  # fmt: skip
     ],
-    ids=["toml-syntax", "unknown-key", "heads", "non-positive", "no-dataset", "tiny-dataset", "resume-empty", "no-gpu"],
+    ids=[
+        "toml-syntax", "unknown-key", "heads", "non-positive", "no-dataset", "tiny-dataset", "resume-empty",
+        "negative", "wrong-type", "no-gpu",
+    ],  # fmt: skip
 )
 def test_train_rejects_bad_input_in_one_line(trained, config_text, args, fragments):
     workdir, _ = trained
     (workdir / "bad.toml").write_text(config_text)
     result = run_script("train.py", "--config", "bad.toml", "--data.data_dir=data", *args, cwd=workdir)
     assert_one_line_error(result, *fragments)
+
+
+def test_train_rejects_a_config_path_that_is_a_directory(trained):
+    workdir, _ = trained
+    assert_one_line_error(run_script("train.py", "--config", "out", cwd=workdir), "config file out cannot be read")
 
 
 def test_train_refuses_to_overwrite_a_run_and_leaves_it_intact(trained):
@@ -128,9 +182,10 @@ def test_train_refuses_to_overwrite_a_run_and_leaves_it_intact(trained):
         (["--temperature", "-1"], ["--temperature=-1.0 is not allowed"]),
         (["--top-p", "0"], ["--top-p=0.0 is not allowed"]),
         (["--prompt-file", "nothing.txt"], ["--prompt-file='nothing.txt' does not exist"]),
+        (["--prompt-file", "out"], ["--prompt-file='out' cannot be read"]),
         (["--device", "mps"], ["--device='mps' but MPS is not available"]),
     ],
-    ids=["no-run", "bad-chars", "long-prompt", "temperature", "top-p", "prompt-file", "no-mps"],
+    ids=["no-run", "bad-chars", "long-prompt", "temperature", "top-p", "prompt-file", "prompt-dir", "no-mps"],
 )
 def test_sample_rejects_bad_input_in_one_line(trained, args, fragments):
     workdir, _ = trained
@@ -140,8 +195,8 @@ def test_sample_rejects_bad_input_in_one_line(trained, args, fragments):
 
 def test_sample_rejects_a_corrupt_checkpoint(trained):
     workdir, _ = trained
-    broken = workdir / "out" / "broken"
+    broken = workdir / "broken"  # outside out/, so no other test takes it for the latest run
     broken.mkdir()
     (broken / "ckpt.pt").write_bytes((workdir / "out" / "tiny" / "ckpt.pt").read_bytes()[:1000])
-    result = run_script("sample.py", "--out-dir", "out/broken", cwd=workdir)
-    assert_one_line_error(result, "out/broken/ckpt.pt is not a readable checkpoint")
+    result = run_script("sample.py", "--out-dir", "broken", cwd=workdir)
+    assert_one_line_error(result, "broken/ckpt.pt is not a readable checkpoint")

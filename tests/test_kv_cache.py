@@ -1,3 +1,5 @@
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -101,20 +103,47 @@ def test_generation_past_block_size_sees_the_documented_context():
         tokens.append(token.item())
 
 
+class ScriptedModel:
+    """Stands in for a GPT: row b predicts script[b][n] as its n-th new token, whatever it is shown."""
+
+    def __init__(self, script: list[list[int]], prompt_len: int, block_size: int = BLOCK):
+        self.script = torch.tensor(script)
+        self.prompt_len = prompt_len
+        self.config = SimpleNamespace(block_size=block_size)
+
+    def __call__(self, context: torch.Tensor, cache=None):
+        step = context.size(1) - self.prompt_len  # without a cache, the context is the whole sequence
+        logits = torch.zeros(context.size(0), 1, VOCAB)
+        logits[torch.arange(context.size(0)), 0, self.script[:, step]] = 1.0
+        return logits, None
+
+
 def test_stop_token_finishes_each_row_on_its_own():
+    STOP = 7
+    script = [
+        [1, 2, STOP, 3, 4, 5, 6, 8],  # row 0 stops at its third token
+        [1, 2, 3, 4, STOP, 5, 6, 8],  # row 1 at its fifth
+    ]
+    model = ScriptedModel(script, prompt_len=2)
+    prompt = torch.zeros(2, 2, dtype=torch.long)
+    tokens = torch.stack(list(generate(model, prompt, 8, temperature=0, stop_token=STOP, use_cache=False)), dim=1)
+    assert tokens.tolist() == [
+        [1, 2, STOP, STOP, STOP],  # a finished row repeats the stop token
+        [1, 2, 3, 4, STOP],  # generation ends once every row has stopped
+    ]
+    without_stop = torch.stack(list(generate(model, prompt, 8, temperature=0, use_cache=False)), dim=1)
+    assert without_stop.tolist() == script
+
+
+def test_chunks_after_a_cached_prefix_match_the_full_forward_pass():
+    """Several new tokens at once after a prefix take the explicit-mask path of attention."""
     model = tiny_model(VOCAB, BLOCK)
     torch.manual_seed(1)
-    prompt = torch.randint(0, VOCAB, (2, 3))
-    free = torch.stack(list(generate(model, prompt, 20, temperature=0)), dim=1)  # (2, 20)
-    stop = free[0, 2].item()  # row 0 reaches it at step 2 (or earlier)
-    assert stop not in free[1, :5].tolist()  # row 1 does not reach it within 5 steps
-    stopped = torch.stack(list(generate(model, prompt, 20, temperature=0, stop_token=stop)), dim=1)
-    first = free[0].tolist().index(stop)
-    assert torch.all(stopped[0, first:] == stop)  # a finished row repeats the stop token
-    assert torch.equal(stopped[1, : first + 1], free[1, : first + 1])
-    rows_stop_at = [row.index(stop) if stop in row else None for row in free.tolist()]
-    if None not in rows_stop_at:
-        assert stopped.size(1) == max(rows_stop_at) + 1  # ends once every row has stopped
+    idx = torch.randint(0, VOCAB, (2, BLOCK))
+    full, _ = model(idx)
+    cache = model.new_cache(2)
+    pieces = [model(idx[:, start : start + 5], cache=cache)[0] for start in range(0, BLOCK, 5)]
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
 
 
 def test_generation_never_samples_padded_vocabulary_ids():

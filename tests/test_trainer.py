@@ -129,6 +129,15 @@ def test_resume_drops_metrics_logged_after_the_checkpoint(tmp_path, data_dir):
     assert sorted(losses) == list(range(1, 13)) and 9.0 not in losses.values()
 
 
+def test_resume_survives_a_half_written_metrics_line(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        f.write('{"step": 11, "lo')  # killed mid-write
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=12, train__init_from="resume")).fit()
+    assert sorted(train_losses(run_dir)) == list(range(1, 13))
+
+
 def test_existing_run_directory_is_not_overwritten(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()

@@ -9,6 +9,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import math
 import re
 import tomllib
 import typing
@@ -40,7 +41,7 @@ class DataConfig:
 class OptimConfig:
     learning_rate: float = 6e-4  # peak LR, reached at the end of warmup
     min_lr: float = 6e-5  # LR at the end of the cosine decay, and after it
-    warmup_iters: int = 2000  # linear warmup steps from 0 to learning_rate
+    warmup_iters: int = 2000  # steps of linear warmup up to learning_rate
     lr_decay_iters: int = 600000  # step at which the cosine decay reaches min_lr
     weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
     beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
@@ -68,13 +69,13 @@ class OptimConfig:
 class TrainConfig:
     out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
-    dtype: str = "auto"  # "auto" (bfloat16 on CUDA if supported, else float16; float32 elsewhere), "float32", "bfloat16", "float16"
+    dtype: str = "auto"  # "auto" (bfloat16 on CUDA GPUs of compute capability 8.0+, float16 on older ones; float32 elsewhere), "float32", "bfloat16", "float16"
     compile: bool = False  # torch.compile the model (slow start, faster steps)
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
-    eval_interval: int = 2000  # steps between evaluations (each one also writes a checkpoint)
+    eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
     eval_iters: int = 200  # batches per split in each evaluation
     log_interval: int = 10  # steps between lines of metrics.jsonl
     init_from: str = "scratch"  # "scratch" (new run) or "resume" (continue out_dir's checkpoint)
@@ -169,10 +170,16 @@ def config_to_toml(cfg: Config) -> str:
     for section, table in config_to_dict(cfg).items():
         lines.append(f"[{section}]")
         for key, value in table.items():
-            # JSON's strings, numbers and booleans are valid TOML values
-            lines.append(f"{key} = {json.dumps(value)}")
+            lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def _toml_value(value: object) -> str:
+    """JSON's booleans, finite numbers and strings are TOML values too, provided strings keep
+    characters beyond U+FFFF whole (JSON would escape them as surrogate pairs, which TOML rejects)
+    and escape DEL (which TOML does not allow raw)."""
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def _read_toml(path: Path) -> list[tuple[str, str, object]]:
@@ -180,6 +187,8 @@ def _read_toml(path: Path) -> list[tuple[str, str, object]]:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist (see configs/ for examples)") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path} cannot be read ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
     entries = []
@@ -250,6 +259,8 @@ def _check_type(section: str, key: str, value: object, source: str) -> object:
         return float(value)  # an int is fine where a float is expected
     if not ok:
         raise ConfigError(f"{section}.{key}={value!r} in {source} is not {_type_name(kind)}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{section}.{key}={value!r} in {source} is not a finite number")
     return value
 
 
@@ -263,11 +274,14 @@ def _from_string(section: str, key: str, text: str) -> object:
             if lowered in ("false", "0", "no"):
                 return False
             raise ValueError
-        return kind(text)
+        value = kind(text)
     except ValueError:
         raise ConfigError(
             f"{section}.{key}={text!r} on the command line is not {_type_name(kind)}"
         ) from None
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{section}.{key}={text!r} on the command line is not a finite number")
+    return value
 
 
 def field_comments(cls: type) -> dict[str, str]:

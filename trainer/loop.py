@@ -149,6 +149,7 @@ class Trainer:
             "rng": {
                 "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+                "mps": torch.mps.get_rng_state() if self.device.type == "mps" else None,
                 "train_batches": self.batches.state_dict(),
             },
             "wandb_run_id": self.wandb_run_id or "",
@@ -159,7 +160,7 @@ class Trainer:
         record = {"step": self.step}
         for split, loss in losses.items():
             record[f"{split}_loss"] = loss
-            record[f"{split}_perplexity"] = math.exp(loss)
+            record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
         log.log(record)
         write(
             f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
@@ -193,11 +194,15 @@ class Trainer:
     def _restore(self, checkpoint: dict) -> None:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
-        self.scaler.load_state_dict(checkpoint["scaler"])
+        if self.scaler.is_enabled() and checkpoint["scaler"]:
+            # a run saved in another precision has no scale to restore: the new scaler starts afresh
+            self.scaler.load_state_dict(checkpoint["scaler"])
         rng = checkpoint["rng"]
         torch.set_rng_state(rng["torch"])
         if self.device.type == "cuda" and len(rng["cuda"]) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.device.type == "mps" and rng["mps"] is not None:
+            torch.mps.set_rng_state(rng["mps"])
         self.batches.load_state_dict(rng["train_batches"])
         self.step = checkpoint["step"]
         self.wandb_run_id = checkpoint["wandb_run_id"] or None
@@ -213,6 +218,8 @@ class Trainer:
         )
         if cfg.train.compile:
             print("compiling the model: the first steps are slow")
+        if self.device.type == "cuda" and gpu_peak_flops(self.device) is None:
+            print(f"no peak FLOPs known for {torch.cuda.get_device_name(self.device)}: metrics.jsonl gets no mfu")
 
 
 def _with_dataset_vocab(cfg: Config, dataset_vocab: int) -> Config:

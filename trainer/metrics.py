@@ -17,6 +17,7 @@ METRICS_NAME = "metrics.jsonl"
 # comes before a name it contains ("H100 PCIe" before "H100", "A100" before "A10").
 PEAK_FLOPS = (
     ("GH200", 989e12),
+    ("H200 NVL", 835e12),
     ("H200", 989e12),
     ("H100 NVL", 835e12),
     ("H100 PCIe", 756e12),
@@ -88,10 +89,20 @@ class MetricsLog:
     def _drop_records_after(self, step: int) -> None:
         """A resumed run logs the steps after its checkpoint again; drop the old copies."""
         lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
+        if lines and not _is_json(lines[-1]):
+            lines.pop()  # the run died while writing its last line
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")
         os.replace(tmp, self.path)
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except json.JSONDecodeError:
+        return False
 
 
 def gpu_peak_flops(device: torch.device) -> float | None:

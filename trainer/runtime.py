@@ -32,11 +32,12 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
 
 
 def resolve_dtype(name: str, device: torch.device, key: str = "train.dtype") -> torch.dtype:
-    """The compute dtype: auto is bfloat16 on CUDA GPUs that support it, float16 on older ones,
-    float32 elsewhere."""
+    """The compute dtype: auto is bfloat16 on CUDA GPUs of compute capability 8.0 or newer,
+    float16 on older ones, float32 elsewhere."""
     if name == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            # native bfloat16 arrived with Ampere (compute capability 8.0); older GPUs only emulate it
+            return torch.bfloat16 if torch.cuda.get_device_capability(device)[0] >= 8 else torch.float16
         return torch.float32
     if name == "float16" and device.type != "cuda":
         raise UserError(f"{key}='float16' needs a CUDA device, not {device.type} (use bfloat16 or float32)")
