@@ -11,7 +11,6 @@ temporary name and renamed; meta.json comes last, so a folder with meta.json is 
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import numpy as np
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from data.files import atomic_open  # noqa: E402
 from data.tokenizer import CharTokenizer, GPT2Tokenizer  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
@@ -58,10 +58,12 @@ def prepare_text(text: str, tokenizer_name: str, out: Path, source: str, val_fra
     out.mkdir(parents=True, exist_ok=True)
     for split, split_text in splits.items():
         ids = np.array(encode(split_text), dtype=dtype)
-        _write_atomically(out / f"{split}.bin", ids.tobytes())
+        with atomic_open(out / f"{split}.bin") as f:
+            f.write(ids.tobytes())
         meta[f"{split}_tokens"] = len(ids)
         meta[f"{split}_bytes"] = len(split_text.encode("utf-8"))  # for bits per byte
-    _write_atomically(out / "meta.json", (json.dumps(meta, indent=1) + "\n").encode())
+    with atomic_open(out / "meta.json") as f:
+        f.write((json.dumps(meta, indent=1) + "\n").encode())
     return meta
 
 
@@ -77,15 +79,6 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
     if dataset in BUNDLED and not (out / "meta.json").exists():
         print(f"preparing the bundled dataset {dataset!r} into {out} (once)")
         prepare_bundled(dataset, Path(data_dir))
-
-
-def _write_atomically(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main() -> None:

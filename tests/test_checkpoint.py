@@ -94,6 +94,7 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(trained_run,
         save_checkpoint({"step": 99}, path)
     assert path.read_bytes() == before
     assert load_checkpoint(path)["step"] == 10
+    assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
 
 
 def test_latest_run_is_the_most_recent_checkpoint(tmp_path):

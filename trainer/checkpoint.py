@@ -5,12 +5,12 @@ could run code. It is written to a temporary file that is flushed to disk and th
 the old one, so a crash mid-write leaves the previous checkpoint intact.
 """
 
-import os
 import pickle
 from pathlib import Path
 
 import torch
 
+from data.files import atomic_open
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
@@ -22,12 +22,8 @@ REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
 
 
 def save_checkpoint(state: dict, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path) as f:
         torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path) -> dict:

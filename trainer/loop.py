@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from data.files import atomic_open
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from errors import UserError
 from model import GPT
@@ -56,7 +57,8 @@ class Trainer:
             print(f"{self.run_dir} already reached train.max_iters={train.max_iters}; raise it to train longer")
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.toml").write_text(config_to_toml(cfg), encoding="utf-8")
+        with atomic_open(self.run_dir / "config.toml") as f:
+            f.write(config_to_toml(cfg).encode("utf-8"))
         resumed = self.step > 0
         log = MetricsLog(
             self.run_dir, cfg.wandb, config_to_dict(cfg), self.step if resumed else None, self.wandb_run_id

@@ -2,11 +2,11 @@
 Weights & Biases, and model FLOPs utilisation (MFU) on GPUs."""
 
 import json
-import os
 from pathlib import Path
 
 import torch
 
+from data.files import atomic_open
 from model import GPTConfig
 from trainer.config import WandbConfig
 
@@ -92,9 +92,8 @@ class MetricsLog:
         if lines and not _is_json(lines[-1]):
             lines.pop()  # the run died while writing its last line
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, self.path)
+        with atomic_open(self.path) as f:
+            f.write("".join(kept).encode("utf-8"))
 
 
 def _is_json(line: str) -> bool:
