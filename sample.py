@@ -28,18 +28,42 @@ RUNS_ROOT = Path("out")
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--prompt", default="", help="text to continue (default: a newline for character models, <|endoftext|> for GPT-2 BPE)")
+    source.add_argument(
+        "--prompt",
+        default="",
+        help="text to continue (default: a newline for character models, <|endoftext|> for GPT-2 BPE)",
+    )
     source.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    parser.add_argument("--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)")
+    parser.add_argument(
+        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
+    )
     parser.add_argument("--num-samples", type=int, default=1, help="samples to draw, one after another (default: 1)")
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample (default: 500)")
-    parser.add_argument("--temperature", type=float, default=0.8, help="below 1 sharpens, above 1 flattens; 0 is greedy (default: 0.8)")
-    parser.add_argument("--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all (default: 200)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sample among the most likely tokens holding this much probability; 1 = all (default: 1)")
+    parser.add_argument(
+        "--temperature", type=float, default=0.8, help="below 1 sharpens, above 1 flattens; 0 is greedy (default: 0.8)"
+    )
+    parser.add_argument(
+        "--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all (default: 200)"
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=1.0,
+        help="sample among the most likely tokens holding this much probability; 1 = all (default: 1)",
+    )
     parser.add_argument("--seed", type=int, default=1337, help="random seed (default: 1337)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"), help="the model is cast to this; auto: bfloat16 on GPUs of compute capability 8.0+, float16 on older ones, float32 elsewhere")
-    parser.add_argument("--no-cache", action="store_true", help="re-encode the whole context at every step instead of using the KV cache (slow: to measure what the cache saves)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="re-encode the whole context at every step instead of using the KV cache (slow; shows what it saves)",
+    )
     args = parser.parse_args()
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
@@ -64,7 +88,9 @@ def read_prompt(args: argparse.Namespace, default: str) -> str:
     except OSError as e:
         raise UserError(f"--prompt-file={args.prompt_file!r} cannot be read ({e.strerror})") from None
     except UnicodeDecodeError as e:
-        raise UserError(f"--prompt-file={args.prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UserError(
+            f"--prompt-file={args.prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
 
 
 def main() -> None:

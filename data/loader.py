@@ -74,9 +74,7 @@ def read_meta(directory: Path) -> dict:
     if missing:
         raise UserError(f"{meta_path} lacks {', '.join(missing)}; prepare the dataset again")
     if meta["dtype"] not in TOKEN_DTYPES:
-        raise UserError(
-            f"{meta_path}: dtype={meta['dtype']!r} is not one of {', '.join(TOKEN_DTYPES)}"
-        )
+        raise UserError(f"{meta_path}: dtype={meta['dtype']!r} is not one of {', '.join(TOKEN_DTYPES)}")
     return meta
 
 

@@ -83,11 +83,15 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", required=True, help=f"a bundled dataset ({', '.join(BUNDLED)}) or a UTF-8 .txt file")
+    parser.add_argument(
+        "--dataset", required=True, help=f"a bundled dataset ({', '.join(BUNDLED)}) or a UTF-8 .txt file"
+    )
     parser.add_argument("--tokenizer", choices=TOKENIZERS, help="char or gpt2 (bundled datasets have their own)")
     parser.add_argument("--out", help="output folder (default: data/<dataset name>)")
     parser.add_argument("--data-dir", default="data", help="where bundled datasets are written (default: data)")
-    parser.add_argument("--val-fraction", type=float, default=VAL_FRACTION, help="share of the text held out for validation")
+    parser.add_argument(
+        "--val-fraction", type=float, default=VAL_FRACTION, help="share of the text held out for validation"
+    )
     args = parser.parse_args()
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val-fraction={args.val_fraction} must be between 0 and 1")

@@ -82,7 +82,7 @@ def generate(
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     start = 0
     new_input = tokens[:, :prompt_len]  # the first step encodes the whole prompt
-    for step in range(max_new_tokens):
+    for _ in range(max_new_tokens):
         logits, _ = model(new_input, cache=cache)
         logits = logits[:, -1, :vocab_size]  # (B, V): the prediction after the last position
         next_token = sample_next_token(logits, temperature, top_k, top_p, generator)

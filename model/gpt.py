@@ -38,8 +38,7 @@ class GPTConfig:
             raise ValueError(f"vocab_size={self.vocab_size} must be positive (or 0: from the dataset)")
         if self.n_embd % self.n_head != 0:
             raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head} "
-                f"(choose n_embd = k * n_head)"
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head} (choose n_embd = k * n_head)"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
@@ -88,9 +87,7 @@ class GPT(nn.Module):
         B, T = idx.shape
         start = 0 if cache is None else cache.pos
         if start + T > self.config.block_size:
-            raise ValueError(
-                f"{start + T} positions exceed the model's block_size={self.config.block_size}"
-            )
+            raise ValueError(f"{start + T} positions exceed the model's block_size={self.config.block_size}")
         pos = torch.arange(start, start + T, device=idx.device)  # (T,)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
@@ -135,9 +132,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.attn = CausalSelfAttention(
-            config.n_embd, config.n_head, config.dropout, config.bias, layer_idx
-        )
+        self.attn = CausalSelfAttention(config.n_embd, config.n_head, config.dropout, config.bias, layer_idx)
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 

@@ -5,9 +5,9 @@ import torch
 
 import trainer.checkpoint as checkpoint_module
 from errors import ConfigError, UserError
+from tests.conftest import tiny_config
 from trainer.checkpoint import latest_run, load_checkpoint, model_from_checkpoint, save_checkpoint
 from trainer.loop import Trainer
-from tests.conftest import tiny_config
 
 
 @pytest.fixture(scope="module")

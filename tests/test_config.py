@@ -103,7 +103,10 @@ def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
         (["--train.device=gpu"], "train.device='gpu' is not one of auto, cpu, cuda, cuda:N, mps"),
         (["--train.init_from=gpt2"], "train.init_from='gpt2' is not one of scratch, resume"),
         (["--optim.min_lr=1", "--optim.learning_rate=0.1"], "optim.min_lr=1.0 must be between 0 and learning_rate=0.1"),
-        (["--optim.warmup_iters=10", "--optim.lr_decay_iters=5"], "optim.lr_decay_iters=5 must be at least warmup_iters=10"),
+        (
+            ["--optim.warmup_iters=10", "--optim.lr_decay_iters=5"],
+            "optim.lr_decay_iters=5 must be at least warmup_iters=10",
+        ),
         (["--wandb.mode=cloud"], "wandb.mode='cloud' is not one of online, offline"),
     ],
 )

@@ -25,8 +25,14 @@ def test_cached_decoding_reproduces_full_forward_logits_on_cuda(monkeypatch):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_mixed_precision_training_lowers_the_loss_on_cuda(tmp_path, data_dir, dtype):
     trainer = Trainer(
-        tiny_config(tmp_path / "run", data_dir, train__device="cuda", train__dtype=dtype, train__max_iters=30,
-                    optim__learning_rate=3e-3)  # fmt: skip
+        tiny_config(
+            tmp_path / "run",
+            data_dir,
+            train__device="cuda",
+            train__dtype=dtype,
+            train__max_iters=30,
+            optim__learning_rate=3e-3,
+        )  # fmt: skip
     )
     assert trainer.model.lm_head.weight.is_cuda
     assert trainer.optimizer.defaults["fused"] is True
@@ -50,6 +56,8 @@ def test_compiled_run_logs_mfu_resumes_in_another_precision_and_samples(tmp_path
     )
     assert resumed.step == 10 and resumed.scaler.is_enabled()
     resumed.fit()
-    sample = run_script("sample.py", "--out-dir", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "50", "--device", "cuda")
+    sample = run_script(
+        "sample.py", "--out-dir", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "50", "--device", "cuda"
+    )
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == len("ROMEO:") + 50 + 1

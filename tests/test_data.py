@@ -73,7 +73,7 @@ def test_sampler_state_restores_the_same_batches(tmp_path):
     expected = windows.next_batch()
     fresh = RandomWindows(dataset, "train", 4, 16, seed=123, device=torch.device("cpu"))
     fresh.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(fresh.next_batch(), expected))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.next_batch(), expected, strict=True))
 
 
 def test_missing_dataset_is_a_clear_error(tmp_path):

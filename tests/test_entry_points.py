@@ -53,7 +53,18 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
 
 def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):
     workdir, _ = trained
-    args = ("--out-dir", "out/tiny", "--prompt", "KING:", "--temperature", "0", "--max-new-tokens", "60", "--device", "cpu")
+    args = (
+        "--out-dir",
+        "out/tiny",
+        "--prompt",
+        "KING:",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "60",
+        "--device",
+        "cpu",
+    )
     cached = run_script("sample.py", *args, cwd=workdir)
     uncached = run_script("sample.py", *args, "--no-cache", cwd=workdir)
     assert cached.returncode == uncached.returncode == 0
@@ -62,7 +73,9 @@ def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):
 
 def test_several_samples_are_separated(trained):
     workdir, _ = trained
-    result = run_script("sample.py", "--out-dir", "out/tiny", "--num-samples", "3", "--max-new-tokens", "10", cwd=workdir)
+    result = run_script(
+        "sample.py", "--out-dir", "out/tiny", "--num-samples", "3", "--max-new-tokens", "10", cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("-" * 40) == 2
 
@@ -79,14 +92,18 @@ def test_the_seed_makes_samples_reproducible(trained):
 def test_prompt_can_come_from_a_file(trained):
     workdir, _ = trained
     (workdir / "prompt.txt").write_text("JULIET:\nO Romeo")
-    result = run_script("sample.py", "--out-dir", "out/tiny", "--prompt-file", "prompt.txt", "--max-new-tokens", "5", cwd=workdir)
+    result = run_script(
+        "sample.py", "--out-dir", "out/tiny", "--prompt-file", "prompt.txt", "--max-new-tokens", "5", cwd=workdir
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("JULIET:\nO Romeo") and len(result.stdout) == len("JULIET:\nO Romeo") + 5 + 1
 
 
 def test_bpe_sample_stops_at_end_of_text(bpe_data_dir, tmp_path):
     run_dir = tmp_path / "run"
-    Trainer(tiny_config(run_dir, bpe_data_dir, data__dataset="shakespeare", train__max_iters=1, train__eval_iters=1)).fit()
+    Trainer(
+        tiny_config(run_dir, bpe_data_dir, data__dataset="shakespeare", train__max_iters=1, train__eval_iters=1)
+    ).fit()
     checkpoint = load_checkpoint(run_dir / "ckpt.pt")
     weights = checkpoint["model"]
     # make <|endoftext|> (50256) by far the likeliest next token after any input
@@ -143,13 +160,23 @@ def test_sample_help_states_the_context_policy():
         ("", ["--optim.weight_decay", "-1"], ["optim.weight_decay=-1.0 must be 0 or more"]),
         ("", ["--train.max_iters=ten"], ["train.max_iters='ten' on the command line is not an integer"]),
         pytest.param(
-            "", ["--train.device=cuda"], ["train.device='cuda' but this machine has no usable CUDA GPU"],
+            "",
+            ["--train.device=cuda"],
+            ["train.device='cuda' but this machine has no usable CUDA GPU"],
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA GPU"),
         ),  # fmt: skip
     ],
     ids=[
-        "toml-syntax", "unknown-key", "heads", "non-positive", "no-dataset", "tiny-dataset", "resume-empty",
-        "negative", "wrong-type", "no-gpu",
+        "toml-syntax",
+        "unknown-key",
+        "heads",
+        "non-positive",
+        "no-dataset",
+        "tiny-dataset",
+        "resume-empty",
+        "negative",
+        "wrong-type",
+        "no-gpu",
     ],  # fmt: skip
 )
 def test_train_rejects_bad_input_in_one_line(trained, config_text, args, fragments):

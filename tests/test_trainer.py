@@ -4,12 +4,13 @@ import math
 import pytest
 import torch
 
+import trainer.metrics as metrics_module
 from errors import UserError
+from tests.conftest import tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
-from trainer.metrics import flops_per_token, peak_flops
+from trainer.metrics import Throughput, flops_per_token, peak_flops
 from trainer.optim import build_optimizer, lr_at
-from tests.conftest import tiny_config, tiny_model
 
 
 def read_metrics(run_dir):
@@ -27,7 +28,7 @@ def test_lr_warms_up_linearly_then_decays_by_cosine_to_min_lr():
     assert lr_at(10, cfg) == pytest.approx(1.0)  # peak at the end of warmup
     assert lr_at(60, cfg) == pytest.approx(0.55)  # halfway through the decay: the midpoint
     decay = [lr_at(step, cfg) for step in range(10, 111)]
-    assert all(a > b for a, b in zip(decay, decay[1:]))
+    assert all(a > b for a, b in zip(decay, decay[1:], strict=False))
     assert lr_at(110, cfg) == pytest.approx(0.1) and lr_at(10_000, cfg) == 0.1
 
 
@@ -47,6 +48,14 @@ def test_mfu_peak_table_matches_gpu_names():
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops("NVIDIA A10") == 125e12
     assert peak_flops("Some Future GPU") is None
+
+
+def test_throughput_reports_tokens_per_second_and_mfu(monkeypatch):
+    clock = iter([100.0, 102.0, 103.0, 104.0])
+    monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: next(clock))
+    throughput = Throughput(tokens_per_step=1000, flops_per_token=6e6, peak_flops=1e12, step=10)  # clock at 100
+    assert throughput.measure(20) == pytest.approx({"tokens_per_sec": 5000.0, "mfu": 0.03})  # 10 steps in 2 s
+    assert Throughput(1000, 6e6, None, step=0).measure(4) == {"tokens_per_sec": 4000.0}  # 4 steps in 1 s
 
 
 def test_flops_per_token_counts_weights_and_attention():
@@ -92,18 +101,26 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path, data_dir):
     results = []
     for accumulation, batch_size in ((2, 4), (1, 8)):
         trainer = Trainer(
-            tiny_config(tmp_path / f"run{accumulation}", data_dir, data__batch_size=batch_size,
-                        train__gradient_accumulation_steps=accumulation, train__grad_clip=0.0)  # fmt: skip
+            tiny_config(
+                tmp_path / f"run{accumulation}",
+                data_dir,
+                data__batch_size=batch_size,
+                train__gradient_accumulation_steps=accumulation,
+                train__grad_clip=0.0,
+            )  # fmt: skip
         )
         trainer.batches = FixedBatches(batch_size)
         grads = []  # the gradients the optimizer is handed, after clipping
-        trainer.optimizer.step = lambda: grads.extend(p.grad.clone() for p in trainer.model.parameters())
+        model = trainer.model
+        trainer.optimizer.step = lambda grads=grads, model=model: grads.extend(
+            p.grad.clone() for p in model.parameters()
+        )
         loss = trainer.train_step(lr=1e-3)
         results.append((loss, grads))
     (loss_a, grads_a), (loss_b, grads_b) = results
     torch.testing.assert_close(loss_a, loss_b, rtol=0, atol=1e-6)
     assert len(grads_a) == len(grads_b) > 0
-    for a, b in zip(grads_a, grads_b):
+    for a, b in zip(grads_a, grads_b, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
 
 

@@ -27,7 +27,7 @@ WANDB_MODES = ("online", "offline")
 
 @dataclass
 class DataConfig:
-    dataset: str = "shakespeare_char"  # prepared dataset: a folder under data_dir (bundled ones are prepared on first use)
+    dataset: str = "shakespeare_char"  # prepared dataset: a folder under data_dir; bundled ones prepare themselves
     data_dir: str = "data"  # folder that holds prepared datasets
     batch_size: int = 12  # sequences per micro-batch
 
@@ -55,9 +55,7 @@ class OptimConfig:
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters={self.warmup_iters} must be 0 or more")
         if self.lr_decay_iters < self.warmup_iters:
-            raise ValueError(
-                f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}"
-            )
+            raise ValueError(f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay} must be 0 or more")
         for name in ("beta1", "beta2"):
@@ -69,7 +67,7 @@ class OptimConfig:
 class TrainConfig:
     out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
-    dtype: str = "auto"  # "auto" (bfloat16 on CUDA GPUs of compute capability 8.0+, float16 on older ones; float32 elsewhere), "float32", "bfloat16", "float16"
+    dtype: str = "auto"  # float32, bfloat16, float16, or auto: bfloat16 on Ampere+ GPUs, float16 before, else float32
     compile: bool = False  # torch.compile the model (slow start, faster steps)
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
@@ -231,9 +229,7 @@ def _parse_overrides(args: list[str]) -> list[tuple[str, str, str]]:
 
 def _check_section(section: str, source: str) -> None:
     if section not in SECTIONS:
-        raise ConfigError(
-            f"unknown config section [{section}] in {source} (valid sections: {', '.join(SECTIONS)})"
-        )
+        raise ConfigError(f"unknown config section [{section}] in {source} (valid sections: {', '.join(SECTIONS)})")
 
 
 def _field_type(section: str, key: str) -> type:
@@ -242,9 +238,7 @@ def _field_type(section: str, key: str) -> type:
     if key not in names:
         close = difflib.get_close_matches(key, names, n=1)
         hint = f"did you mean {section}.{close[0]}? " if close else ""
-        raise ConfigError(
-            f"unknown config key {section}.{key} ({hint}valid keys in [{section}]: {', '.join(names)})"
-        )
+        raise ConfigError(f"unknown config key {section}.{key} ({hint}valid keys in [{section}]: {', '.join(names)})")
     return hints[key]
 
 
@@ -276,9 +270,7 @@ def _from_string(section: str, key: str, text: str) -> object:
             raise ValueError
         value = kind(text)
     except ValueError:
-        raise ConfigError(
-            f"{section}.{key}={text!r} on the command line is not {_type_name(kind)}"
-        ) from None
+        raise ConfigError(f"{section}.{key}={text!r} on the command line is not {_type_name(kind)}") from None
     if kind is float and not math.isfinite(value):
         raise ConfigError(f"{section}.{key}={text!r} on the command line is not a finite number")
     return value
@@ -304,7 +296,5 @@ def config_help() -> str:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             default = json.dumps(defaults[section][f.name])
-            lines.append(
-                f"  {f.name:<28} {hints[f.name].__name__:<5} {default:<20} {comments.get(f.name, '')}"
-            )
+            lines.append(f"  {f.name:<28} {hints[f.name].__name__:<5} {default:<20} {comments.get(f.name, '')}")
     return "\n".join(lines)

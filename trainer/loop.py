@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
 from trainer.config import Config, config_to_dict, config_to_toml
-from trainer.metrics import METRICS_NAME, MetricsLog, flops_per_token, gpu_peak_flops
+from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
 from trainer.optim import build_optimizer, lr_at
 from trainer.runtime import autocast, enable_tf32, resolve_device, resolve_dtype
 
@@ -65,33 +64,34 @@ class Trainer:
         )
         self.wandb_run_id = log.wandb_run_id
         self._print_summary(resumed)
-        peak = gpu_peak_flops(self.device)
-        model_flops_per_token = flops_per_token(cfg.model, self.model.num_params())
-        if not resumed:
-            self._evaluate(log, tqdm.write)  # the untrained baseline, close to ln(vocab_size)
-
         progress = tqdm(total=train.max_iters, initial=self.step, unit="step", dynamic_ncols=True, mininterval=0.5)
-        last_time, last_step = time.perf_counter(), self.step
-        while self.step < train.max_iters:
-            lr = lr_at(self.step, cfg.optim)
-            loss = self.train_step(lr)
-            self.step += 1
-            progress.update()
-            if self.step % train.log_interval == 0:
-                now = time.perf_counter()
-                tokens_per_sec = self.tokens_per_step * (self.step - last_step) / (now - last_time)
-                record = {"step": self.step, "loss": loss.item(), "lr": lr, "tokens_per_sec": tokens_per_sec}
-                if peak is not None:
-                    record["mfu"] = model_flops_per_token * tokens_per_sec / peak
-                log.log(record)
-                progress.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{tokens_per_sec:,.0f}", refresh=False)
-                last_time, last_step = now, self.step
-            if self.step % train.eval_interval == 0 or self.step == train.max_iters:
-                self._evaluate(log, progress.write)
-                save_checkpoint(self.checkpoint_state(), self.run_dir / CHECKPOINT_NAME)
-                last_time, last_step = time.perf_counter(), self.step  # evaluation time is not training time
-        progress.close()
-        log.close()
+        try:
+            if not resumed:
+                self._evaluate(log, progress.write)  # the untrained baseline, close to ln(vocab_size)
+            throughput = Throughput(
+                self.tokens_per_step,
+                flops_per_token(cfg.model, self.model.num_params()),
+                gpu_peak_flops(self.device),
+                self.step,
+            )
+            while self.step < train.max_iters:
+                lr = lr_at(self.step, cfg.optim)
+                loss = self.train_step(lr)
+                self.step += 1
+                progress.update()
+                if self.step % train.log_interval == 0:
+                    record = {"step": self.step, "loss": loss.item(), "lr": lr} | throughput.measure(self.step)
+                    log.log(record)
+                    progress.set_postfix(
+                        loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False
+                    )
+                if self.step % train.eval_interval == 0 or self.step == train.max_iters:
+                    self._evaluate(log, progress.write)
+                    save_checkpoint(self.checkpoint_state(), self.run_dir / CHECKPOINT_NAME)
+                    throughput.restart(self.step)  # evaluation time is not training time
+        finally:
+            progress.close()
+            log.close()
         print(f"done: {self.step} steps; checkpoint in {self.run_dir / CHECKPOINT_NAME}")
 
     def train_step(self, lr: float) -> torch.Tensor:

@@ -2,6 +2,7 @@
 Weights & Biases, and model FLOPs utilisation (MFU) on GPUs."""
 
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -50,10 +51,34 @@ def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
     return 6 * n_params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
 
 
+class Throughput:
+    """Training speed over the steps since the last measurement: tokens per second and, where the
+    GPU's peak is known, model FLOPs utilisation."""
+
+    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, step: int):
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self.step, self.time = step, time.perf_counter()
+
+    def measure(self, step: int) -> dict[str, float]:
+        now = time.perf_counter()
+        tokens_per_sec = self.tokens_per_step * (step - self.step) / (now - self.time)
+        self.step, self.time = step, now
+        if self.peak_flops is None:
+            return {"tokens_per_sec": tokens_per_sec}
+        return {"tokens_per_sec": tokens_per_sec, "mfu": self.flops_per_token * tokens_per_sec / self.peak_flops}
+
+
 class MetricsLog:
     """Appends records to run_dir/metrics.jsonl (flushed each line) and sends them to wandb."""
 
-    def __init__(self, run_dir: Path, wandb_cfg: WandbConfig, run_config: dict, resume_step: int | None, wandb_run_id: str | None):
+    def __init__(
+        self, run_dir: Path, wandb_cfg: WandbConfig, run_config: dict, resume_step: int | None, wandb_run_id: str | None
+    ):
         self.path = run_dir / METRICS_NAME
         if resume_step is not None and self.path.exists():
             self._drop_records_after(resume_step)
