@@ -4,10 +4,16 @@
 
 Settings come from the config tree's defaults, then the TOML file, then the command line
 (`--section.key=value` or `--section.key value`). Continue a stopped run with
-`--config RUN_DIR/config.toml --train.init_from=resume`.
+`--config RUN_DIR/config.toml --train.init_from=resume`. Ctrl-C or SIGTERM stops the run at its
+next log step with a checkpoint (exit status 128 + the signal's number).
+
+Several processes, one per GPU (or CPU processes with gloo), with train.parallelism = ddp or fsdp:
+
+    torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml
 """
 
 import argparse
+import sys
 
 from data.prepare import ensure_prepared
 from errors import run_cli
@@ -26,7 +32,9 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
     cfg = load_config(args.config, overrides)
     ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
-    Trainer(cfg).fit()
+    stopped_by = Trainer(cfg).fit()
+    if stopped_by is not None:
+        sys.exit(128 + stopped_by)  # the shell's convention for "ended by this signal"
 
 
 if __name__ == "__main__":

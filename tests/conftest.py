@@ -74,6 +74,42 @@ def tiny_model(vocab_size: int = 50, block_size: int = 32, seed: int = 0, **kwar
     return GPT(config).eval()
 
 
+def fixed_tokens(rows: int, block_size: int, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fixed (x, y) token rows, the same in every process that asks."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab_size, (rows, block_size), generator=generator)
+    y = torch.randint(0, vocab_size, (rows, block_size), generator=generator)
+    return x, y
+
+
+class FixedBatches:
+    """Stands in for a trainer's RandomWindows: hands out consecutive rows of fixed tensors."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch_size: int):
+        self.x, self.y, self.batch_size, self.at = x, y, batch_size, 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = slice(self.at, self.at + self.batch_size)
+        self.at += self.batch_size
+        return self.x[rows], self.y[rows]
+
+
+def capture_gradients(trainer) -> dict[str, torch.Tensor]:
+    """Make the trainer's optimizer record the full gradient of each parameter (gathered when FSDP
+    shards it) before it steps. Returns the dict it fills."""
+    gradients = {}
+    step = trainer.optimizer.step
+
+    def record_then_step(*args, **kwargs):
+        for name, param in trainer.model.named_parameters():
+            grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+            gradients[name] = grad.detach().clone()
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record_then_step
+    return gradients
+
+
 def run_script(script: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run one of the project's entry points as a user would, in a fresh interpreter."""
     return subprocess.run(

@@ -73,7 +73,7 @@ def test_foreign_file_is_not_taken_for_a_checkpoint(tmp_path):
 def test_checkpoint_whose_weights_do_not_fit_its_config_is_a_clear_error(trained_run):
     checkpoint = load_checkpoint(trained_run / "ckpt.pt")
     checkpoint["config"]["model"]["n_embd"] = 64
-    with pytest.raises(UserError, match="do not fit the model its config describes"):
+    with pytest.raises(UserError, match=r"transformer.wte.weight has shape \(65, 32\), the model needs \(65, 64\)"):
         model_from_checkpoint(checkpoint, trained_run / "ckpt.pt")
     checkpoint["config"]["model"]["colour"] = "blue"
     with pytest.raises(ConfigError, match="unknown config key model.colour"):

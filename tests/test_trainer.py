@@ -6,7 +6,7 @@ import torch
 
 import trainer.metrics as metrics_module
 from errors import UserError
-from tests.conftest import tiny_config, tiny_model
+from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
 from trainer.metrics import Throughput, flops_per_token, peak_flops
@@ -85,19 +85,7 @@ def test_training_lowers_the_loss_and_records_the_run(tmp_path, data_dir):
 
 def test_gradient_accumulation_equals_one_large_batch(tmp_path, data_dir):
     """Two micro-batches of b sequences give the loss and the gradients of one batch of 2b."""
-    torch.manual_seed(0)
-    x = torch.randint(0, 65, (8, 32))
-    y = torch.randint(0, 65, (8, 32))
-
-    class FixedBatches:
-        def __init__(self, size):
-            self.size, self.at = size, 0
-
-        def next_batch(self):
-            batch = x[self.at : self.at + self.size], y[self.at : self.at + self.size]
-            self.at += self.size
-            return batch
-
+    x, y = fixed_tokens(8, 32, 65)
     results = []
     for accumulation, batch_size in ((2, 4), (1, 8)):
         trainer = Trainer(
@@ -109,7 +97,7 @@ def test_gradient_accumulation_equals_one_large_batch(tmp_path, data_dir):
                 train__grad_clip=0.0,
             )  # fmt: skip
         )
-        trainer.batches = FixedBatches(batch_size)
+        trainer.batches = FixedBatches(x, y, batch_size)
         grads = []  # the gradients the optimizer is handed, after clipping
         model = trainer.model
         trainer.optimizer.step = lambda grads=grads, model=model: grads.extend(

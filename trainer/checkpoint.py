@@ -5,7 +5,9 @@ could run code. It is written to a temporary file that is flushed to disk and th
 the old one, so a crash mid-write leaves the previous checkpoint intact.
 """
 
+import os
 import pickle
+import shutil
 from pathlib import Path
 
 import torch
@@ -17,13 +19,35 @@ from model import GPT
 from trainer.config import config_from_dict
 
 CHECKPOINT_NAME = "ckpt.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
 
 
-def save_checkpoint(state: dict, path: Path) -> None:
-    with atomic_open(path) as f:
+def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
+    """Write state to path (ckpt.pt). With keep > 1 the same file is also kept as ckpt_STEP.pt
+    beside it, and only the newest `keep` of those remain: older weights to go back to."""
+    if keep == 1:
+        with atomic_open(path) as f:
+            torch.save(state, f)
+        return
+    step_path = path.with_name(f"{path.stem}_{state['step']:08d}{path.suffix}")
+    with atomic_open(step_path) as f:
         torch.save(state, f)
+    _replace_with_copy(step_path, path)
+    for old in sorted(path.parent.glob(f"{path.stem}_*{path.suffix}"))[:-keep]:
+        old.unlink()
+
+
+def _replace_with_copy(source: Path, path: Path) -> None:
+    """Atomically make path a second name of source (a hard link), or a copy where the filesystem
+    has no hard links."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path) -> dict:
@@ -51,6 +75,26 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
+def load_weights(model: torch.nn.Module, weights: dict, source: str) -> None:
+    """model.load_state_dict(weights), with a mismatch named: the first missing, unexpected or
+    differently shaped tensor."""
+    expected = model.state_dict()
+    missing = [name for name in expected if name not in weights]
+    unexpected = [name for name in weights if name not in expected]
+    if missing or unexpected:
+        what = f"lack {missing[0]}" if missing else f"have {unexpected[0]}, which the model has not"
+        raise UserError(
+            f"{source} do not fit the model: they {what} ({len(missing)} missing, {len(unexpected)} unexpected)"
+        )
+    for name, tensor in expected.items():
+        if weights[name].shape != tensor.shape:
+            raise UserError(
+                f"{source} do not fit the model: {name} has shape {tuple(weights[name].shape)}, "
+                f"the model needs {tuple(tensor.shape)} (check the model.* config against the checkpoint's)"
+            )
+    model.load_state_dict(weights)
+
+
 def _first_line(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
@@ -71,10 +115,7 @@ def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]
     """The trained model (on the CPU, in eval mode) and the tokenizer of its dataset."""
     cfg = config_from_dict(checkpoint["config"], source=str(path))
     model = GPT(cfg.model)
-    try:
-        model.load_state_dict(checkpoint["model"])
-    except RuntimeError as e:
-        raise UserError(f"the weights in {path} do not fit the model its config describes ({_first_line(e)})") from None
+    load_weights(model, checkpoint["model"], f"the weights in {path}")
     tokenizer = tokenizer_from_meta(checkpoint["dataset"])
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise UserError(

@@ -22,6 +22,7 @@ from model import GPTConfig
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 INIT_FROM = ("scratch", "resume")
+PARALLELISMS = ("ddp", "fsdp")
 WANDB_MODES = ("online", "offline")
 
 
@@ -71,12 +72,14 @@ class TrainConfig:
     compile: bool = False  # torch.compile the model (slow start, faster steps)
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
-    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step
+    gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
     eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
     eval_iters: int = 200  # batches per split in each evaluation
     log_interval: int = 10  # steps between lines of metrics.jsonl
     init_from: str = "scratch"  # "scratch" (new run) or "resume" (continue out_dir's checkpoint)
+    keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
+    parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
 
     def __post_init__(self):
         if not self.out_dir:
@@ -85,7 +88,15 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
         _check_choice(self, "dtype", DTYPES)
         _check_choice(self, "init_from", INIT_FROM)
-        for name in ("max_iters", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
+        _check_choice(self, "parallelism", PARALLELISMS)
+        for name in (
+            "max_iters",
+            "gradient_accumulation_steps",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+            "keep_checkpoints",
+        ):
             _check_positive(self, name)
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")

@@ -2,8 +2,11 @@
 
 import dataclasses
 import math
+import random
+import signal
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -12,10 +15,11 @@ from data.loader import SPLITS, RandomWindows, TokenDataset
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
-from trainer.config import Config, config_to_dict, config_to_toml
+from trainer.config import Config, TrainConfig, config_to_dict, config_to_toml
+from trainer.distributed import ParallelModel, World
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
 from trainer.optim import build_optimizer, lr_at
-from trainer.runtime import autocast, enable_tf32, resolve_device, resolve_dtype
+from trainer.runtime import autocast, enable_tf32, resolve_dtype
 
 
 class Trainer:
@@ -23,8 +27,16 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         train = cfg.train
-        self.device = resolve_device(train.device)
+        self.world = World.from_env()
+        _check_accumulation(train, self.world.size)
+        self.device = self.world.device(train.device)
         self.dtype = resolve_dtype(train.dtype, self.device)
+        if self.world.launched and train.parallelism == "fsdp" and self.dtype == torch.float16:
+            raise UserError(
+                "train.parallelism='fsdp' with train.dtype='float16' is not supported (loss scaling of "
+                "sharded gradients): use bfloat16 or float32, or parallelism='ddp'"
+            )
+        self.world.start(self.device)
         self.run_dir = Path(train.out_dir)
         checkpoint = self._open_run_dir(train)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
@@ -35,98 +47,121 @@ class Trainer:
 
         if self.device.type == "cuda":
             enable_tf32()
-        torch.manual_seed(train.seed)
+        torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
+        self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)  # after sharding: it holds the shards
         # float16 gradients underflow without loss scaling; bfloat16 and float32 need none
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
-        self.batches = RandomWindows(
-            self.dataset, "train", cfg.data.batch_size, cfg.model.block_size, train.seed, self.device
-        )
+        # each process draws its own windows (seed + rank), so the processes train on different data
+        self.batches = self._train_windows(train.seed + self.world.rank)
         self.step = 0
         self.wandb_run_id = None
         if checkpoint is not None:
             self._restore(checkpoint)
-        self.forward = torch.compile(self.model) if train.compile else self.model
+        self.forward = torch.compile(self.parallel.module) if train.compile else self.parallel.module
+        # the global batch: gradient_accumulation_steps micro-batches in all, shared out among the processes
         self.tokens_per_step = cfg.data.batch_size * cfg.model.block_size * train.gradient_accumulation_steps
+        self.last_checkpoint_step: int | None = self.step if checkpoint is not None else None
+        self.world.barrier()  # every process has looked at the run directory before rank 0 writes to it
 
-    def fit(self) -> None:
+    def fit(self) -> int | None:
+        """Train until train.max_iters. Returns None, or the number of the signal (SIGINT, SIGTERM)
+        that stopped the run early, after a checkpoint of the last step was written."""
         cfg, train = self.cfg, self.cfg.train
         if self.step >= train.max_iters:
-            print(f"{self.run_dir} already reached train.max_iters={train.max_iters}; raise it to train longer")
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_open(self.run_dir / "config.toml") as f:
-            f.write(config_to_toml(cfg).encode("utf-8"))
+            self._print(f"{self.run_dir} already reached train.max_iters={train.max_iters}; raise it to train longer")
+            self.world.stop()
+            return None
         resumed = self.step > 0
-        log = MetricsLog(
-            self.run_dir, cfg.wandb, config_to_dict(cfg), self.step if resumed else None, self.wandb_run_id
-        )
-        self.wandb_run_id = log.wandb_run_id
+        self.log = self._open_log(resumed)
         self._print_summary(resumed)
-        progress = tqdm(total=train.max_iters, initial=self.step, unit="step", dynamic_ncols=True, mininterval=0.5)
+        progress = tqdm(
+            total=train.max_iters,
+            initial=self.step,
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=0.5,
+            disable=not self.world.is_main,
+        )
         try:
-            if not resumed:
-                self._evaluate(log, progress.write)  # the untrained baseline, close to ln(vocab_size)
-            throughput = Throughput(
-                self.tokens_per_step,
-                flops_per_token(cfg.model, self.model.num_params()),
-                gpu_peak_flops(self.device),
-                self.step,
-            )
-            while self.step < train.max_iters:
-                lr = lr_at(self.step, cfg.optim)
-                loss = self.train_step(lr)
-                self.step += 1
-                progress.update()
-                if self.step % train.log_interval == 0:
-                    record = {"step": self.step, "loss": loss.item(), "lr": lr} | throughput.measure(self.step)
-                    log.log(record)
-                    progress.set_postfix(
-                        loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False
-                    )
-                if self.step % train.eval_interval == 0 or self.step == train.max_iters:
-                    self._evaluate(log, progress.write)
-                    save_checkpoint(self.checkpoint_state(), self.run_dir / CHECKPOINT_NAME)
-                    throughput.restart(self.step)  # evaluation time is not training time
+            with StopSignals() as stop:
+                if not resumed:
+                    self._evaluate(progress.write)  # the untrained baseline, close to ln(vocab_size)
+                throughput = Throughput(
+                    self.tokens_per_step,
+                    flops_per_token(cfg.model, self.model.num_params()),
+                    _peak_flops(self.device, self.world.size),
+                    self.step,
+                )
+                while self.step < train.max_iters:
+                    lr = lr_at(self.step, cfg.optim)
+                    loss = self.train_step(lr)
+                    self.step += 1
+                    progress.update()
+                    if self.step % train.log_interval == 0:
+                        self._log_step(loss, lr, throughput, progress)
+                        if self.world.any(stop.signal is not None, self.device):
+                            self.save()
+                            self._print(
+                                f"stopped by {signal.Signals(stop.signal or signal.SIGTERM).name} at step "
+                                f"{self.step}; checkpoint in {self.run_dir / CHECKPOINT_NAME} (continue with "
+                                f"--config {self.run_dir / 'config.toml'} --train.init_from=resume)"
+                            )
+                            return stop.signal or signal.SIGTERM
+                    if self.step % train.eval_interval == 0 or self.step == train.max_iters:
+                        self._evaluate(progress.write)
+                        self.save()
+                        throughput.restart(self.step)  # evaluation time is not training time
         finally:
             progress.close()
-            log.close()
-        print(f"done: {self.step} steps; checkpoint in {self.run_dir / CHECKPOINT_NAME}")
+            if self.log is not None:
+                self.log.close()
+            self.world.stop()
+        self._print(f"done: {self.step} steps; checkpoint in {self.run_dir / CHECKPOINT_NAME}")
+        return None
 
     def train_step(self, lr: float) -> torch.Tensor:
-        """One optimizer step over gradient_accumulation_steps micro-batches; returns the mean loss
-        (a tensor on the device: reading it forces a sync, so only logging does)."""
+        """One optimizer step over this process's share of the gradient_accumulation_steps
+        micro-batches; returns its mean loss (a tensor on the device: reading it forces a sync, so
+        only logging does)."""
         train = self.cfg.train
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        accumulation = train.gradient_accumulation_steps
+        micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
         total_loss = torch.zeros((), device=self.device)
-        for _ in range(accumulation):
+        for micro_batch in range(micro_batches):
             x, y = self.batches.next_batch()
-            with autocast(self.device, self.dtype):
-                _, loss = self.forward(x, y)
+            # processes average their gradients once per step, in the last micro-batch's backward
+            with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
+                with autocast(self.device, self.dtype):
+                    _, loss = self.forward(x, y)
+                # dividing by the micro-batch count makes the summed gradients those of the mean loss
+                self.scaler.scale(loss / micro_batches).backward()
             total_loss += loss.detach()
-            # dividing by the micro-batch count makes the summed gradients those of the mean loss
-            self.scaler.scale(loss / accumulation).backward()
         if train.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / accumulation
+        return total_loss / micro_batches
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Mean loss over eval_iters batches of each split. The batches are the same at every
-        evaluation (their own fixed seed), so successive values compare like for like."""
+        """Mean loss over eval_iters batches of each split (in every process, averaged). The batches
+        are the same at every evaluation (their own fixed seed), so successive values compare like for like."""
         train = self.cfg.train
         self.model.eval()
         losses = {}
         for split in SPLITS:
             windows = RandomWindows(
-                self.dataset, split, self.cfg.data.batch_size, self.cfg.model.block_size, train.seed + 1, self.device
+                self.dataset,
+                split,
+                self.cfg.data.batch_size,
+                self.cfg.model.block_size,
+                train.seed + self.world.size + self.world.rank,  # apart from every process's training seed
+                self.device,
             )
             total = torch.zeros((), device=self.device)
             for _ in range(train.eval_iters):
@@ -134,42 +169,115 @@ class Trainer:
                 with autocast(self.device, self.dtype):
                     _, loss = self.forward(x, y)
                 total += loss.float()
-            losses[split] = (total / train.eval_iters).item()
+            losses[split] = self.world.mean(total / train.eval_iters).item()
         self.model.train()
         return losses
 
     def checkpoint_state(self) -> dict:
-        """Everything needed to sample from the model or continue the run, as plain data."""
+        """Everything needed to sample from the model or continue the run, as plain data. Every
+        process must call it (FSDP gathers the weights, and each process adds its RNG states)."""
+        model_state, optimizer_state = self.parallel.state_dicts(self.optimizer)
         return {
             "format_version": FORMAT_VERSION,
             "step": self.step,
             "config": config_to_dict(self.cfg),
             "dataset": self.dataset.meta,
-            "model": self.model.state_dict(),  # the uncompiled module's names
-            "optimizer": self.optimizer.state_dict(),
+            "model": model_state,  # the full, unwrapped and uncompiled module's names
+            "optimizer": optimizer_state,  # keyed by parameter name, whatever the parallelism
             "scaler": self.scaler.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
-                "mps": torch.mps.get_rng_state() if self.device.type == "mps" else None,
-                "train_batches": self.batches.state_dict(),
-            },
+            "rng": self.world.gather(self._rng_state()),  # one entry per process, in rank order
             "wandb_run_id": self.wandb_run_id or "",
         }
 
-    def _evaluate(self, log: MetricsLog, write) -> None:
+    def save(self) -> None:
+        """Write ckpt.pt: every process takes part, rank 0 writes."""
+        state = self.checkpoint_state()
+        if self.world.is_main:
+            save_checkpoint(state, self.run_dir / CHECKPOINT_NAME, self.cfg.train.keep_checkpoints)
+        self.last_checkpoint_step = self.step
+
+    def _rng_state(self) -> dict:
+        numpy_state = np.random.get_state()
+        return {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            "mps": torch.mps.get_rng_state() if self.device.type == "mps" else None,
+            "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]),
+            "python": random.getstate(),
+            "train_batches": self.batches.state_dict(),
+        }
+
+    def _set_rng_state(self, rng: dict) -> None:
+        torch.set_rng_state(rng["torch"])
+        if self.device.type == "cuda" and rng["cuda"] is not None:
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        if self.device.type == "mps" and rng["mps"] is not None:
+            torch.mps.set_rng_state(rng["mps"])
+        name, keys, *rest = rng["numpy"]
+        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+        random.setstate(rng["python"])
+        self.batches.load_state_dict(rng["train_batches"])
+
+    def _train_windows(self, seed: int) -> RandomWindows:
+        data, block_size = self.cfg.data, self.cfg.model.block_size
+        return RandomWindows(self.dataset, "train", data.batch_size, block_size, seed, self.device)
+
+    def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
+        """Record the mean loss over all processes; stop the run if it is not a finite number."""
+        loss_value = self.world.mean(loss).item()
+        if not math.isfinite(loss_value):
+            self._diverged(f"the train loss is {loss_value}")
+        record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
+        self._record(record)
+        progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
+
+    def _evaluate(self, write) -> None:
         losses = self.evaluate()
+        if not all(math.isfinite(loss) for loss in losses.values()):
+            self._diverged(f"the evaluation loss is {losses}")
         record = {"step": self.step}
         for split, loss in losses.items():
             record[f"{split}_loss"] = loss
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
-        log.log(record)
-        write(
-            f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-            f"(perplexity {record['val_perplexity']:.2f})"
+        self._record(record)
+        if self.world.is_main:
+            write(
+                f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
+                f"(perplexity {record['val_perplexity']:.2f})"
+            )
+
+    def _diverged(self, what: str) -> None:
+        if self.last_checkpoint_step is None:
+            kept = "no checkpoint was written before it"
+        else:
+            kept = f"{self.run_dir / CHECKPOINT_NAME} from step {self.last_checkpoint_step} is kept"
+        raise UserError(
+            f"{what} at step {self.step}: training stopped, {kept} (lower optim.learning_rate or "
+            f"raise optim.warmup_iters; in float16, try bfloat16)"
         )
 
-    def _open_run_dir(self, train) -> dict | None:
+    def _open_log(self, resumed: bool) -> MetricsLog | None:
+        """Rank 0 writes config.toml and metrics.jsonl and talks to wandb; other processes log nothing."""
+        if not self.world.is_main:
+            return None
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with atomic_open(self.run_dir / "config.toml") as f:
+            f.write(config_to_toml(self.cfg).encode("utf-8"))
+        log = MetricsLog(
+            self.run_dir, self.cfg.wandb, config_to_dict(self.cfg), self.step if resumed else None, self.wandb_run_id
+        )
+        self.wandb_run_id = log.wandb_run_id
+        return log
+
+    def _record(self, record: dict) -> None:
+        if self.log is not None:
+            self.log.log(record)
+
+    def _print(self, text: str) -> None:
+        if self.world.is_main:
+            print(text)
+
+    def _open_run_dir(self, train: TrainConfig) -> dict | None:
         """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"train.out_dir={train.out_dir!r} is a file, not a directory")
@@ -194,34 +302,84 @@ class Trainer:
         return None
 
     def _restore(self, checkpoint: dict) -> None:
-        self.model.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.parallel.load_state_dicts(self.optimizer, checkpoint["model"], checkpoint["optimizer"])
         if self.scaler.is_enabled() and checkpoint["scaler"]:
             # a run saved in another precision has no scale to restore: the new scaler starts afresh
             self.scaler.load_state_dict(checkpoint["scaler"])
-        rng = checkpoint["rng"]
-        torch.set_rng_state(rng["torch"])
-        if self.device.type == "cuda" and len(rng["cuda"]) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        if self.device.type == "mps" and rng["mps"] is not None:
-            torch.mps.set_rng_state(rng["mps"])
-        self.batches.load_state_dict(rng["train_batches"])
         self.step = checkpoint["step"]
         self.wandb_run_id = checkpoint["wandb_run_id"] or None
+        saved_rng = checkpoint["rng"]
+        if len(saved_rng) == self.world.size:
+            self._set_rng_state(saved_rng[self.world.rank])
+            return
+        # another number of processes: no state to give each one, so seed afresh, apart from the
+        # seeds the run has used
+        seed = self.cfg.train.seed + self.step * self.world.size + self.world.rank
+        torch.manual_seed(seed)
+        self.batches = self._train_windows(seed)
+        self._print(
+            f"the checkpoint was written by {len(saved_rng)} process(es), this run has {self.world.size}: "
+            f"batches and dropout follow new seeds, so the run will not repeat an uninterrupted one exactly"
+        )
 
     def _print_summary(self, resumed: bool) -> None:
-        cfg = self.cfg
+        cfg, world = self.cfg, self.world
         start = f"resuming at step {self.step}" if resumed else "starting"
-        print(
+        self._print(
             f"{start}: {self.model.num_params() / 1e6:.2f}M parameters, {self.device.type} "
             f"{str(self.dtype).removeprefix('torch.')}, dataset {cfg.data.dataset} "
-            f"({self.dataset.meta['train_tokens']:,} train tokens), {self.tokens_per_step:,} tokens per step, "
-            f"run directory {self.run_dir}"
+            f"({self.dataset.meta['train_tokens']:,} train tokens), run directory {self.run_dir}"
         )
+        accumulation = cfg.train.gradient_accumulation_steps
+        parallel = f", {world.size} processes ({self.parallel.mode}) running {accumulation // world.size} each"
+        self._print(
+            f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
+            f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
+        )
+        if cfg.train.parallelism == "fsdp" and not world.launched:
+            self._print("train.parallelism='fsdp' applies under torchrun; this single process trains the whole model")
         if cfg.train.compile:
-            print("compiling the model: the first steps are slow")
+            self._print("compiling the model: the first steps are slow")
         if self.device.type == "cuda" and gpu_peak_flops(self.device) is None:
-            print(f"no peak FLOPs known for {torch.cuda.get_device_name(self.device)}: metrics.jsonl gets no mfu")
+            self._print(f"no peak FLOPs known for {torch.cuda.get_device_name(self.device)}: metrics.jsonl gets no mfu")
+
+
+class StopSignals:
+    """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
+    stop: the loop checks at its next log step, writes a checkpoint and returns. A second Ctrl-C
+    interrupts at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def __enter__(self) -> "StopSignals":
+        self.previous = {signum: signal.signal(signum, self._request) for signum in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+    def _request(self, signum: int, frame) -> None:
+        # no printing here: the signal may arrive in the middle of another write to the terminal
+        self.signal = signum
+        signal.signal(signal.SIGINT, self.previous[signal.SIGINT])
+
+
+def _check_accumulation(train: TrainConfig, world_size: int) -> None:
+    if train.gradient_accumulation_steps % world_size != 0:
+        raise UserError(
+            f"train.gradient_accumulation_steps={train.gradient_accumulation_steps} does not divide among the "
+            f"{world_size} processes torchrun started: it counts the micro-batches of one optimizer step over all "
+            f"processes (use a multiple of {world_size})"
+        )
+
+
+def _peak_flops(device: torch.device, world_size: int) -> float | None:
+    peak = gpu_peak_flops(device)
+    return None if peak is None else peak * world_size
 
 
 def _with_dataset_vocab(cfg: Config, dataset_vocab: int) -> Config:

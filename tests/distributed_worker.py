@@ -1,0 +1,48 @@
+"""Run by tests/test_distributed.py under torchrun: one optimizer step of a tiny model with the
+given parallelism on fixed data, each process taking its own rows. Rank 0 saves the full gradients
+the optimizer was handed, the full weights after the step, and whether the processes' own data
+samplers drew different batches."""
+
+import sys
+from pathlib import Path
+
+import torch
+
+from tests.conftest import FixedBatches, capture_gradients, fixed_tokens, tiny_config
+from trainer.loop import Trainer
+
+
+def main(parallelism: str, data_dir: str, out_path: str) -> None:
+    batch_size, accumulation = 2, 4  # 2 sequences per micro-batch, 4 micro-batches per step over all processes
+    cfg = tiny_config(
+        Path(out_path).parent / f"run-{parallelism}",
+        Path(data_dir),
+        data__batch_size=batch_size,
+        train__gradient_accumulation_steps=accumulation,
+        train__parallelism=parallelism,
+    )
+    trainer = Trainer(cfg)
+    world = trainer.world
+    first_batches = world.gather(trainer.batches.next_batch()[0])
+    # the 8 rows of one optimizer step; each process takes the micro-batches of its rank
+    x, y = fixed_tokens(batch_size * accumulation, cfg.model.block_size, trainer.cfg.model.vocab_size)
+    rows = slice(world.rank * len(x) // world.size, (world.rank + 1) * len(x) // world.size)
+    trainer.batches = FixedBatches(x[rows], y[rows], batch_size)
+    gradients = capture_gradients(trainer)
+    trainer.train_step(lr=1e-3)
+    model_state, _ = trainer.parallel.state_dicts(trainer.optimizer)  # FSDP gathers: every process calls it
+    if world.is_main:
+        torch.save(
+            {
+                "model": model_state,
+                "gradients": gradients,
+                "world_size": world.size,
+                "ranks_drew_different_batches": not torch.equal(first_batches[0], first_batches[1]),
+            },
+            out_path,
+        )
+    world.stop()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

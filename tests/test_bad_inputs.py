@@ -1,0 +1,191 @@
+"""The catalogue of bad inputs (docs/bad-inputs.md): each one gets one line starting with `error:`,
+exit status 2, no traceback, and leaves every file it found exactly as it was."""
+
+import importlib
+import json
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from errors import run_cli
+from tests.conftest import PROJECT_ROOT, tiny_config, tiny_toml
+from trainer.loop import Trainer
+
+
+@dataclass
+class Case:
+    id: str
+    script: str  # the entry point: train.py or sample.py
+    args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
+    message: str  # a fragment of the one-line error
+    setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
+    env: dict[str, str] = field(default_factory=dict)
+    needs_no_gpu: bool = False
+
+
+class RunsCodeWhenUnpickled:
+    def __reduce__(self):
+        return (print, ("this ran while loading",))
+
+
+def write(relative: str, text: str) -> Callable[[Path], None]:
+    return lambda workspace: (workspace / relative).write_text(text)
+
+
+def edit_meta(**changes) -> Callable[[Path], None]:
+    def setup(workspace: Path) -> None:
+        path = workspace / "data" / "shakespeare_char" / "meta.json"
+        path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+    return setup
+
+
+def edit_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def setup(workspace: Path) -> None:
+        path = workspace / "out" / "tiny" / "ckpt.pt"
+        checkpoint = torch.load(path, weights_only=True)
+        torch.save(change(checkpoint) or checkpoint, path)
+
+    return setup
+
+
+def truncate_checkpoint(workspace: Path) -> None:
+    path = workspace / "out" / "tiny" / "ckpt.pt"
+    path.write_bytes(path.read_bytes()[:1000])
+
+
+def append_to_val_split(workspace: Path) -> None:
+    with open(workspace / "data" / "shakespeare_char" / "val.bin", "ab") as f:
+        f.write(b"\x00")
+
+
+def empty_val_split(workspace: Path) -> None:
+    (workspace / "data" / "shakespeare_char" / "val.bin").write_bytes(b"")
+    edit_meta(val_tokens=0)(workspace)
+
+
+TRAIN = ["--config", "tiny.toml"]
+RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
+TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+
+CATALOGUE = [
+    # config files and overrides
+    Case("toml-syntax", "train.py", ["--config", "bad.toml"], "is not valid TOML", write("bad.toml", "[model]\nn_layer = = 2\n")),
+    Case("key-outside-section", "train.py", ["--config", "bad.toml"], "n_layer = 2 in bad.toml is outside any section", write("bad.toml", "n_layer = 2\n")),
+    Case("unknown-section", "train.py", ["--config", "bad.toml"], "unknown config section [modle]", write("bad.toml", "[modle]\nn_layer = 2\n")),
+    Case("unknown-key", "train.py", [*TRAIN, "--model.n_layers=2"], "unknown config key model.n_layers (did you mean model.n_layer?"),
+    Case("wrong-type-in-file", "train.py", ["--config", "bad.toml"], "model.n_layer='2' in bad.toml is not an integer", write("bad.toml", '[model]\nn_layer = "2"\n')),
+    Case("wrong-type-on-command-line", "train.py", [*TRAIN, "--train.max_iters=ten"], "train.max_iters='ten' on the command line is not an integer"),
+    Case("not-a-finite-number", "train.py", ["--config", "bad.toml"], "optim.learning_rate=nan in bad.toml is not a finite number", write("bad.toml", "[optim]\nlearning_rate = nan\n")),
+    Case("override-without-value", "train.py", [*TRAIN, "--train.max_iters"], "--train.max_iters needs a value"),
+    Case("stray-argument", "train.py", [*TRAIN, "shakespeare"], "unexpected argument 'shakespeare'"),
+    Case("missing-config-file", "train.py", ["--config", "nowhere.toml"], "config file nowhere.toml does not exist"),
+    Case("config-is-a-directory", "train.py", ["--config", "out"], "config file out cannot be read"),
+    Case("invalid-choice", "train.py", [*TRAIN, "--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
+    # impossible sizes and settings
+    Case("heads-do-not-divide-width", "train.py", [*TRAIN, "--model.n_embd=100", "--model.n_head=3"], "model.n_embd=100 is not divisible by n_head=3"),
+    Case("zero-layers", "train.py", [*TRAIN, "--model.n_layer=0"], "model.n_layer=0 must be a positive integer"),
+    Case("dropout-out-of-range", "train.py", [*TRAIN, "--model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
+    Case("negative-weight-decay", "train.py", [*TRAIN, "--optim.weight_decay", "-1"], "optim.weight_decay=-1.0 must be 0 or more"),
+    Case("min-lr-above-peak", "train.py", [*TRAIN, "--optim.min_lr=0.1"], "optim.min_lr=0.1 must be between 0 and learning_rate"),
+    Case("vocabulary-smaller-than-data", "train.py", [*TRAIN, "--model.vocab_size=50"], "model.vocab_size=50 is smaller than the dataset's vocabulary of 65"),
+    Case("float16-on-cpu", "train.py", [*TRAIN, "--train.dtype=float16"], "train.dtype='float16' needs a CUDA device, not cpu"),
+    Case("cuda-without-gpu", "train.py", [*TRAIN, "--train.device=cuda"], "train.device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
+    Case("accumulation-across-ranks", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=3"], "train.gradient_accumulation_steps=3 does not divide among the 2 processes", env=TORCHRUN_OF_2),
+    Case("one-gpu-for-many-ranks", "train.py", [*TRAIN, "--train.device=cuda:1", "--train.gradient_accumulation_steps=2"], "train.device='cuda:1' names one GPU, but torchrun started 2 processes", env=TORCHRUN_OF_2),
+    # data
+    Case("dataset-not-prepared", "train.py", [*TRAIN, "--data.dataset=nowhere"], "no prepared dataset at data/nowhere"),
+    Case("dataset-smaller-than-context", "train.py", [*TRAIN, "--model.block_size=2000000"], "fewer than model.block_size + 1 = 2000001"),
+    Case("empty-split", "train.py", TRAIN, "the val split of data/shakespeare_char has 0 tokens", empty_val_split),
+    Case("data-file-of-wrong-length", "train.py", TRAIN, "val.bin holds 223081 bytes but meta.json promises 111540 uint16 tokens", append_to_val_split),
+    Case("data-of-unknown-dtype", "train.py", TRAIN, "dtype='float32' is not one of uint16, uint32", edit_meta(dtype="float32")),
+    Case("metadata-incomplete", "train.py", TRAIN, "meta.json lacks vocab_size", lambda ws: _drop_meta_key(ws, "vocab_size")),
+    Case("metadata-not-json", "train.py", TRAIN, "meta.json is not valid JSON", write("data/shakespeare_char/meta.json", "{'oops'")),
+    Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
+    # runs and checkpoints
+    Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
+    Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
+    Case("resume-without-checkpoint", "train.py", [*TRAIN, "--train.init_from=resume"], "init_from='resume' but there is no checkpoint at out/new/ckpt.pt"),
+    Case("resume-with-another-model", "train.py", [*RESUME, "--model.n_layer=3"], "model.n_layer=3 but the run in out/tiny was trained with 2"),
+    Case("truncated-checkpoint", "train.py", RESUME, "out/tiny/ckpt.pt is not a readable checkpoint: truncated or corrupt", truncate_checkpoint),
+    Case("foreign-checkpoint", "sample.py", ["--out-dir", "out/tiny"], "is not a checkpoint written by this trainer", edit_checkpoint(lambda c: {"weights": c["model"]})),
+    Case("checkpoint-that-runs-code", "sample.py", ["--out-dir", "out/tiny"], "refused to load out/tiny/ckpt.pt: it holds pickled Python objects", edit_checkpoint(lambda c: c | {"x": RunsCodeWhenUnpickled()})),
+    Case("checkpoint-of-another-format", "train.py", RESUME, "has checkpoint format 1; this version reads format 2", edit_checkpoint(lambda c: c | {"format_version": 1})),
+    Case("weights-that-do-not-fit", "sample.py", ["--out-dir", "out/tiny"], "transformer.wte.weight has shape (65, 32), the model needs (65, 64)", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=64))),
+    # sampling
+    Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
+    Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),
+    Case("prompt-longer-than-context", "sample.py", ["--prompt", "x" * 40], "the prompt is 40 tokens but the model's context is block_size=32"),
+    Case("negative-temperature", "sample.py", ["--temperature", "-1"], "--temperature=-1.0 is not allowed"),
+    Case("top-p-of-zero", "sample.py", ["--top-p", "0"], "--top-p=0.0 is not allowed"),
+    Case("prompt-file-missing", "sample.py", ["--prompt-file", "nothing.txt"], "--prompt-file='nothing.txt' does not exist"),
+    Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
+]  # fmt: skip
+
+
+def _drop_meta_key(workspace: Path, key: str) -> None:
+    path = workspace / "data" / "shakespeare_char" / "meta.json"
+    meta = json.loads(path.read_text())
+    del meta[key]
+    path.write_text(json.dumps(meta))
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, data_dir) -> Path:
+    run_dir = tmp_path_factory.mktemp("catalogue") / "tiny"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    return run_dir
+
+
+@pytest.fixture
+def workspace(tmp_path, data_dir, trained_run, monkeypatch) -> Path:
+    shutil.copytree(data_dir / "shakespeare_char", tmp_path / "data" / "shakespeare_char")
+    shutil.copytree(trained_run, tmp_path / "out" / "tiny")
+    (tmp_path / "tiny.toml").write_text(tiny_toml(out_dir="out/new", data_dir="data"))
+    config = (tmp_path / "out" / "tiny" / "config.toml").read_text()
+    config = config.replace(f'"{trained_run}"', '"out/tiny"').replace(f'"{data_dir}"', '"data"')
+    (tmp_path / "out" / "tiny" / "config.toml").write_text(config)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def run_entry_point(script: str, args: list[str], monkeypatch) -> int:
+    module = importlib.import_module(script.removesuffix(".py"))
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(module.main)
+    return exit_info.value.code
+
+
+@pytest.mark.parametrize("case", CATALOGUE, ids=[case.id for case in CATALOGUE])
+def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch, capsys):
+    if case.needs_no_gpu and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    for name, value in case.env.items():
+        monkeypatch.setenv(name, value)
+    case.setup(workspace)
+    before = snapshot(workspace)
+    code = run_entry_point(case.script, case.args, monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert case.message in lines[0]
+    assert "this ran while loading" not in capsys.readouterr().out
+    assert snapshot(workspace) == before
+
+
+def test_catalogue_is_documented_case_by_case():
+    table = (PROJECT_ROOT / "docs" / "bad-inputs.md").read_text()
+    documented = [line.split("|")[1].strip().strip("`") for line in table.splitlines() if line.startswith("| `")]
+    assert documented == [case.id for case in CATALOGUE]
+    assert len(CATALOGUE) >= 25

@@ -1,0 +1,143 @@
+"""Nothing is lost when a run is killed, interrupted or diverges: it resumes exactly where its last
+checkpoint left it."""
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from errors import UserError
+from tests.conftest import PROJECT_ROOT, tiny_config, tiny_toml
+from trainer.checkpoint import load_checkpoint
+from trainer.loop import Trainer
+
+# checkpoints every 5 steps, dropout on: resuming must restore the RNG exactly to match
+RUN_ARGS = [
+    "--train.max_iters=30",
+    "--train.eval_interval=5",
+    "--train.eval_iters=1",
+    "--model.dropout=0.1",
+]
+
+
+def train_losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def start_training(config, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "train.py", "--config", str(config), *RUN_ARGS, *args],
+        cwd=PROJECT_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_step(process: subprocess.Popen, run_dir, step: int) -> None:
+    """Wait until the run has logged `step` (or later)."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"the run ended before step {step}: {process.communicate()}"
+        if (run_dir / "metrics.jsonl").exists() and max(train_losses(run_dir), default=0) >= step:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within 120 s")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, data_dir):
+    """The losses of the same run, trained from start to end in one go."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    config = root / "tiny.toml"
+    config.write_text(tiny_toml(root / "run", data_dir))
+    process = start_training(config)
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+    return train_losses(root / "run")
+
+
+@pytest.fixture
+def config(tmp_path, data_dir):
+    path = tmp_path / "tiny.toml"
+    path.write_text(tiny_toml(tmp_path / "run", data_dir))
+    return path
+
+
+def resume(config) -> None:
+    process = start_training(config, "--train.init_from=resume")
+    out, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err
+
+
+@pytest.mark.slow
+def test_run_killed_at_a_random_step_resumes_to_the_same_losses(config, tmp_path, uninterrupted):
+    kill_after = random.randint(6, 28)  # a SIGKILL can land anywhere, even inside a checkpoint write
+    process = start_training(config)
+    wait_for_step(process, tmp_path / "run", kill_after)
+    process.kill()
+    process.communicate()
+    resume(config)
+    assert train_losses(tmp_path / "run") == uninterrupted, f"killed after step {kill_after}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_sigterm_and_ctrl_c_write_a_checkpoint_and_exit_cleanly(signum, config, tmp_path, uninterrupted):
+    process = start_training(config)
+    wait_for_step(process, tmp_path / "run", 7)
+    process.send_signal(signum)
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum
+    assert "Traceback" not in err
+    step = load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"]
+    assert f"stopped by {signum.name} at step {step}; checkpoint in" in out
+    assert step >= 7  # the checkpoint written on the signal (evaluations only wrote step 5 by then)
+    resume(config)
+    assert train_losses(tmp_path / "run") == uninterrupted
+
+
+def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5))
+    train_step = trainer.train_step
+
+    def diverging_step(lr):
+        loss = train_step(lr)
+        return loss * float("nan") if trainer.step >= 7 else loss  # the loss of step 8 is nan
+
+    trainer.train_step = diverging_step
+    with pytest.raises(UserError, match=r"the train loss is nan at step 8: training stopped, .*ckpt.pt from step 5 is"):
+        trainer.fit()
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 5
+
+
+def test_keep_checkpoints_keeps_the_last_k_beside_the_latest(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    cfg = tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, train__keep_checkpoints=2)
+    Trainer(cfg).fit()
+    assert sorted(p.name for p in run_dir.glob("ckpt*")) == ["ckpt.pt", "ckpt_00000015.pt", "ckpt_00000020.pt"]
+    assert (run_dir / "ckpt.pt").read_bytes() == (run_dir / "ckpt_00000020.pt").read_bytes()
+    assert load_checkpoint(run_dir / "ckpt_00000015.pt")["step"] == 15
+
+
+def test_resume_restores_every_random_number_generator(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    saved = load_checkpoint(run_dir / "ckpt.pt")["rng"]
+    assert len(saved) == 1  # one process
+    np.random.seed(99)
+    random.seed(99)
+    torch.manual_seed(99)
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__init_from="resume"))
+    assert np.array_equal(np.random.get_state()[1], saved[0]["numpy"][1].numpy())
+    assert random.getstate() == saved[0]["python"]
+    assert torch.equal(torch.get_rng_state(), saved[0]["torch"])
+    assert torch.equal(trainer.batches.generator.get_state(), saved[0]["train_batches"]["generator"])
