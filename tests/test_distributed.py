@@ -51,14 +51,15 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     for name, grad in gradients.items():
         torch.testing.assert_close(distributed["gradients"][name], grad, rtol=0, atol=1e-6, msg=name)
     assert distributed["model"].keys() == weights.keys()
-    steady_count = sum((g.abs() > 1e-6).sum().item() for g in gradients.values())
-    assert steady_count > 0.99 * sum(g.numel() for g in gradients.values())
-    for name in gradients:
-        # AdamW's first step moves each weight by about lr * g / (|g| + eps): where |g| is within
-        # float32 rounding of zero, the sign of a 1e-9 difference decides the step. Those weights
-        # are checked through their gradients above.
-        steady = gradients[name].abs() > 1e-6
-        torch.testing.assert_close(distributed["model"][name][steady], weights[name][steady], rtol=0, atol=1e-6)
+    # AdamW's first step moves each weight by about lr * g / (|g| + eps): where |g| is within float32
+    # rounding of zero, the sign of a 1e-9 difference decides the step. So every weight agrees within
+    # 1e-6 except a few whose gradient is that small (and the gradients themselves agree, above).
+    differing = 0
+    for name, grad in gradients.items():
+        off = (distributed["model"][name] - weights[name]).abs() > 1e-6
+        assert (grad[off].abs() < 1e-6).all(), name
+        differing += off.sum().item()
+    assert differing <= 1e-3 * sum(g.numel() for g in gradients.values())
     for name in weights.keys() - gradients.keys():  # the tied head
         torch.testing.assert_close(distributed["model"][name], weights[name], rtol=0, atol=1e-6, msg=name)
 
