@@ -48,8 +48,8 @@ def write_counting_dataset(directory, n_tokens=1000, vocab=500):
     tokens = (np.arange(n_tokens) % vocab).astype(np.uint16)
     for split in ("train", "val"):
         tokens.tofile(directory / f"{split}.bin")
-    meta = {"tokenizer": "char", "chars": "x" * vocab, "vocab_size": vocab, "dtype": "uint16",
-            "train_tokens": n_tokens, "val_tokens": n_tokens}  # fmt: skip
+    meta = {"tokenizer": "char", "chars": "x" * vocab, "vocab_size": vocab, "dtype": "uint16"}
+    meta |= {f"{split}_{count}": n_tokens for split in ("train", "val") for count in ("tokens", "bytes")}
     (directory / "meta.json").write_text(json.dumps(meta))
     return TokenDataset(directory)
 
