@@ -1,7 +1,11 @@
 """data/prepare.py on local files, through the same `datasets` path as hub datasets (offline:
 see the offline_hugging_face fixture in conftest.py)."""
 
+import itertools
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,10 +16,10 @@ import data.prepare as prepare_module
 import data.sources as sources_module
 from data.loader import TokenDataset
 from data.prepare import CORPUS_DIR, in_val, prepare, split_long
-from data.sources import open_corpus
+from data.sources import Corpus, open_corpus
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta
 from errors import UserError
-from tests.conftest import run_script
+from tests.conftest import PROJECT_ROOT, run_script
 
 CORPUS = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 # 40 documents of different lengths, some with text beyond ASCII
@@ -232,3 +236,40 @@ def test_prepared_jsonl_trains_from_the_command_line(tmp_path):
     evaluation = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
     assert {"val_loss", "val_perplexity", "val_bpb"} <= evaluation.keys()
     assert np.isfinite(evaluation["val_bpb"])
+
+
+def generated_documents(megabytes):
+    """Documents made on the fly, so that nothing but the preparation holds them."""
+    size = 0
+    for i in itertools.count():
+        text = f"{i}. {DOCUMENTS[i % len(DOCUMENTS)]}"  # a new string each time
+        yield {"text": text}
+        size += len(text)
+        if size > megabytes * 1_000_000:
+            return
+
+
+def peak_memory_growth(out, sizes):
+    """Prepare generated corpora of the given sizes one after the other; the peak resident KiB
+    after each. Run in a fresh process, where the peak is this work's own."""
+    import resource
+
+    import datasets
+
+    peaks = []
+    for megabytes in sizes:
+        stream = datasets.IterableDataset.from_generator(generated_documents, gen_kwargs={"megabytes": megabytes})
+        corpus = Corpus("generated", stream, "text", None)
+        prepare(corpus, "char", Path(out) / str(megabytes), num_proc=2, block_size=1)
+        peaks.append(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return peaks
+
+
+@pytest.mark.slow
+def test_memory_stays_flat_whatever_the_corpus_size(tmp_path):
+    code = f"from tests.test_prepare import peak_memory_growth; print(peak_memory_growth({str(tmp_path)!r}, [5, 40]))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    small, large = json.loads(result.stdout.splitlines()[-1])
+    # holding the larger corpus's text or tokens would add 35 MB or more (KiB here; ru_maxrss is in KiB on Linux)
+    assert large - small < 16_000, (small, large)
