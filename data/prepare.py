@@ -79,7 +79,6 @@ class Piece(NamedTuple):
     text: str
     split: int  # TRAIN or VAL
     ends_document: bool  # the last piece of its document: a separator follows it (if any)
-    document: int  # the document's position in the corpus, for messages
 
 
 class Encoded(NamedTuple):
@@ -171,7 +170,7 @@ def cut_single_document(text: str, name: str, val_fraction: float) -> Iterator[P
     for split, part in ((TRAIN, text[:cut]), (VAL, text[cut:])):
         parts = split_long(part)
         for i, piece in enumerate(parts):
-            yield Piece(piece, split, split == VAL and i == len(parts) - 1, 0)
+            yield Piece(piece, split, split == VAL and i == len(parts) - 1)
 
 
 def split_documents(documents: Iterable[str], val_fraction: float, seed: int) -> Iterator[Piece]:
@@ -179,7 +178,7 @@ def split_documents(documents: Iterable[str], val_fraction: float, seed: int) ->
         split = VAL if in_val(index, seed, val_fraction) else TRAIN
         parts = split_long(text)
         for i, piece in enumerate(parts):
-            yield Piece(piece, split, i == len(parts) - 1, index)
+            yield Piece(piece, split, i == len(parts) - 1)
 
 
 def in_val(index: int, seed: int, val_fraction: float) -> bool:
@@ -224,13 +223,7 @@ def encode_job(job: list[Piece], tokenizer: Tokenizer, dtype: type, separator: i
     text_bytes = [0, 0]
     eot = np.array([] if separator is None else [separator], dtype=dtype)
     for piece in job:
-        try:
-            text_bytes[piece.split] += len(piece.text.encode("utf-8"))
-        except UnicodeEncodeError as e:
-            raise UserError(
-                f"document {piece.document} holds {e.object[e.start]!r}, a lone surrogate, which is not "
-                f"valid Unicode and has no UTF-8 form (fix the source text)"
-            ) from None
+        text_bytes[piece.split] += len(piece.text.encode("utf-8"))  # valid: Arrow strings are UTF-8
         ids[piece.split].append(tokenizer.encode_array(piece.text).astype(dtype, copy=False))
         if piece.ends_document:
             ids[piece.split].append(eot)
