@@ -14,7 +14,7 @@ from errors import UserError
 
 SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-META_KEYS = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens")
+META_KEYS = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens", "train_bytes", "val_bytes")
 
 
 class TokenDataset:
@@ -39,6 +39,11 @@ class TokenDataset:
     @property
     def vocab_size(self) -> int:
         return self.meta["vocab_size"]
+
+    def bytes_per_token(self, split: str) -> float:
+        """UTF-8 bytes of text per token in a split: converts a loss per token into bits per byte,
+        which compares across tokenizers."""
+        return self.meta[f"{split}_bytes"] / self.meta[f"{split}_tokens"]
 
     def path(self, split: str) -> Path:
         return self.directory / f"{split}.bin"

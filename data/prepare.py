@@ -1,26 +1,52 @@
-"""Prepare a text corpus for training: tokenize it and write train.bin, val.bin and meta.json.
+"""Prepare a corpus for training: tokenize it and write train.bin, val.bin and meta.json.
 
-    python data/prepare.py --dataset shakespeare_char          # a bundled dataset, into data/
+    python data/prepare.py --dataset shakespeare_char        # a bundled corpus, into data/shakespeare_char
     python data/prepare.py --dataset notes.txt --tokenizer gpt2 --out data/notes
+    python data/prepare.py --dataset corpus/ --tokenizer gpt2 --out data/corpus --num-proc 2
+    python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
+        --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
 
-The first 90% of the text (by characters) becomes the train split and the rest the val split, as
-nanoGPT does, so figures compare: the char-level Shakespeare gives 1,003,854 / 111,540 tokens.
-Token ids are stored as uint16 when the vocabulary fits, else uint32. Each file is written to a
-temporary name and renamed; meta.json comes last, so a folder with meta.json is complete.
+--dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files,
+or else the name of a Hugging Face hub dataset; all are read through `datasets.load_dataset`
+(data/sources.py). A document is one row (its --text-field) or one whole .txt file.
+
+Splits: each document goes to val with probability --val-fraction, decided by a hash of its
+position and --seed, so a corpus always splits the same way, with any --num-proc and with or
+without --streaming. A corpus of a single document (one .txt file, such as the bundled Shakespeare)
+is cut by characters instead, as nanoGPT does: the first (1 - val_fraction) of the text is train.
+With GPT-2 BPE every document is followed by <|endoftext|>; the char tokenizer has no such token,
+and the two parts of a single document need none.
+
+Token ids are uint16 when the vocabulary fits, else uint32. Documents are read in batches,
+tokenized by --num-proc threads (tiktoken releases the GIL) and written as they come, so memory
+stays flat whatever the corpus size. train.bin and val.bin are written to temporary names and
+renamed only when complete; meta.json comes last, so a folder with meta.json is complete, and a
+failed run leaves nothing behind.
 """
 
 import argparse
+import dataclasses
+import hashlib
+import itertools
 import json
+import re
 import sys
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
+from tqdm import tqdm
 
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data.files import atomic_open  # noqa: E402
-from data.tokenizer import CharTokenizer, GPT2Tokenizer  # noqa: E402
+from data.sources import Corpus, open_corpus  # noqa: E402
+from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
 CORPUS_DIR = Path(__file__).parent
@@ -30,47 +56,253 @@ BUNDLED = {
     "shakespeare": ("tinyshakespeare.txt", "gpt2"),
 }
 TOKENIZERS = ("char", "gpt2")
+SPLITS = ("train", "val")
+TRAIN, VAL = 0, 1  # indices into SPLITS
 VAL_FRACTION = 0.1
+SEED = 1337
+BLOCK_SIZE = 1024  # the largest context of the shipped configs
+
+BATCH_DOCUMENTS = 1024  # documents read from the source at a time
+JOB_CHARS = 1 << 18  # characters handed to one tokenizing thread at a time
+PIECE_CHARS = 1 << 16  # a longer document is cut into pieces of about this size (see split_long)
+JOBS_PER_THREAD = 2  # jobs queued per thread: enough to keep threads busy, few enough to keep RAM flat
+
+# A space between an ASCII letter or digit and an ASCII letter: GPT-2's split pattern always starts
+# a new pre-token at such a space (" word") and ends the previous one before it, so encoding the
+# text on either side separately gives exactly the tokens of encoding it whole.
+SAFE_CUT = re.compile(r"(?<=[A-Za-z0-9]) (?=[A-Za-z])")
 
 
-def prepare_text(text: str, tokenizer_name: str, out: Path, source: str, val_fraction: float = VAL_FRACTION) -> dict:
-    """Tokenize text, split it and write the dataset folder `out`; returns the metadata."""
-    if not text:
-        raise UserError(f"{source} is empty: there is nothing to train on")
-    split_at = int(len(text) * (1 - val_fraction))
-    splits = {"train": text[:split_at], "val": text[split_at:]}
+class Piece(NamedTuple):
+    """A document, or part of one, with where its tokens go."""
+
+    text: str
+    split: int  # TRAIN or VAL
+    ends_document: bool  # the last piece of its document: a separator follows it (if any)
+
+
+class Encoded(NamedTuple):
+    ids: tuple[np.ndarray, np.ndarray]  # token ids of the train and val pieces of one job
+    text_bytes: tuple[int, int]  # UTF-8 bytes of that text, per split
+    documents: int  # documents that ended in the job
+
+
+def prepare(
+    corpus: Corpus,
+    tokenizer_name: str,
+    out: Path,
+    *,
+    val_fraction: float = VAL_FRACTION,
+    seed: int = SEED,
+    block_size: int = BLOCK_SIZE,
+    num_proc: int = 1,
+    max_documents: int | None = None,
+) -> dict:
+    """Tokenize the corpus into out/train.bin, out/val.bin and out/meta.json; returns the metadata."""
+    out = Path(out)
+    refuse_prepared(out)
     if tokenizer_name == "char":
-        tokenizer = CharTokenizer.from_text(text)
-        encode = tokenizer.encode
+        tokenizer = CharTokenizer(corpus_characters(corpus, max_documents))  # a first pass over the corpus
     else:
         tokenizer = GPT2Tokenizer()
-        encode = tokenizer.encode_ordinary
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    documents = read_documents(corpus, max_documents)
+    first_two = list(itertools.islice(documents, 2))
+    single_document = len(first_two) == 1
+    if single_document:
+        pieces = cut_single_document(first_two[0], corpus.name, val_fraction)
+    else:
+        pieces = split_documents(itertools.chain(first_two, documents), val_fraction, seed)
+    separator = None if single_document or tokenizer.eot_token is None else tokenizer.eot_token
+
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        totals = write_splits(pieces, tokenizer, dtype, separator, out, num_proc, corpus, block_size)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # leave no trace of a failed run
+        raise
     meta = {
         "format": 1,
-        "source": source,
+        "source": corpus.name,
         "tokenizer": tokenizer.name,
         "vocab_size": tokenizer.vocab_size,
         "dtype": np.dtype(dtype).name,
+        **totals,
+        "split_by": "characters" if single_document else "documents",
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "separator": None if separator is None else END_OF_TEXT,
     }
     if tokenizer_name == "char":
         meta["chars"] = tokenizer.chars
-    out.mkdir(parents=True, exist_ok=True)
-    for split, split_text in splits.items():
-        ids = np.array(encode(split_text), dtype=dtype)
-        with atomic_open(out / f"{split}.bin") as f:
-            f.write(ids.tobytes())
-        meta[f"{split}_tokens"] = len(ids)
-        meta[f"{split}_bytes"] = len(split_text.encode("utf-8"))  # for bits per byte
     with atomic_open(out / "meta.json") as f:
         f.write((json.dumps(meta, indent=1) + "\n").encode())
     return meta
 
 
+def refuse_prepared(out: Path) -> None:
+    if (out / "meta.json").exists():
+        raise UserError(f"{out} already holds a prepared dataset (delete it or choose another --out)")
+
+
+def read_documents(corpus: Corpus, max_documents: int | None) -> Iterator[str]:
+    texts = (text for batch in corpus.text_batches(BATCH_DOCUMENTS) for text in batch)
+    return itertools.islice(texts, max_documents)
+
+
+def corpus_characters(corpus: Corpus, max_documents: int | None) -> str:
+    """The sorted characters of the corpus: the char tokenizer's vocabulary."""
+    chars = set()
+    for text in read_documents(corpus, max_documents):
+        chars.update(text)
+    if not chars:
+        raise UserError(f"{corpus.name} is empty: there is nothing to train on")
+    return "".join(sorted(chars))
+
+
+def cut_single_document(text: str, name: str, val_fraction: float) -> Iterator[Piece]:
+    """The first (1 - val_fraction) of the characters are train, the rest val."""
+    if not text:
+        raise UserError(f"{name} is empty: there is nothing to train on")
+    cut = int(len(text) * (1 - val_fraction))
+    for split, part in ((TRAIN, text[:cut]), (VAL, text[cut:])):
+        parts = split_long(part)
+        for i, piece in enumerate(parts):
+            yield Piece(piece, split, split == VAL and i == len(parts) - 1)
+
+
+def split_documents(documents: Iterable[str], val_fraction: float, seed: int) -> Iterator[Piece]:
+    for index, text in enumerate(documents):
+        split = VAL if in_val(index, seed, val_fraction) else TRAIN
+        parts = split_long(text)
+        for i, piece in enumerate(parts):
+            yield Piece(piece, split, i == len(parts) - 1)
+
+
+def in_val(index: int, seed: int, val_fraction: float) -> bool:
+    """Whether document `index` belongs to val: a seeded hash of its position, read as a number in
+    [0, 1), falls below val_fraction. It depends on nothing else, so any reader agrees."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") < val_fraction * 2**64
+
+
+def split_long(text: str) -> list[str]:
+    """Cut a long text at safe spaces (see SAFE_CUT) into pieces of about PIECE_CHARS characters,
+    so that one huge document neither builds a huge token list nor keeps the other threads idle.
+    A text with no safe space stays whole."""
+    pieces = []
+    start = 0
+    while len(text) - start > PIECE_CHARS:
+        match = SAFE_CUT.search(text, start + PIECE_CHARS)
+        if match is None:
+            break
+        pieces.append(text[start : match.start()])
+        start = match.start()
+    pieces.append(text[start:])
+    return pieces
+
+
+def batch_pieces(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
+    """Group pieces into jobs of about JOB_CHARS characters."""
+    job, size = [], 0
+    for piece in pieces:
+        job.append(piece)
+        size += len(piece.text)
+        if size >= JOB_CHARS:
+            yield job
+            job, size = [], 0
+    if job:
+        yield job
+
+
+def encode_job(job: list[Piece], tokenizer: Tokenizer, dtype: type, separator: int | None) -> Encoded:
+    """Tokenize one job (in a worker thread)."""
+    ids = ([], [])
+    text_bytes = [0, 0]
+    eot = np.array([] if separator is None else [separator], dtype=dtype)
+    for piece in job:
+        text_bytes[piece.split] += len(piece.text.encode("utf-8"))  # valid: Arrow strings are UTF-8
+        ids[piece.split].append(tokenizer.encode_array(piece.text).astype(dtype, copy=False))
+        if piece.ends_document:
+            ids[piece.split].append(eot)
+    joined = tuple(np.concatenate(part) if part else np.empty(0, dtype) for part in ids)
+    return Encoded(joined, tuple(text_bytes), sum(piece.ends_document for piece in job))
+
+
+def write_splits(
+    pieces: Iterable[Piece],
+    tokenizer: Tokenizer,
+    dtype: type,
+    separator: int | None,
+    out: Path,
+    num_proc: int,
+    corpus: Corpus,
+    block_size: int,
+) -> dict:
+    """Tokenize the pieces with num_proc threads and append their ids, in order, to train.bin and
+    val.bin; returns the token, byte and document counts. At most JOBS_PER_THREAD jobs per thread
+    are queued, so memory stays flat."""
+    tokens, text_bytes, documents = [0, 0], [0, 0], 0
+    progress = tqdm(total=corpus.num_documents, unit="doc", dynamic_ncols=True, mininterval=0.5)
+    start = time.perf_counter()
+    with (
+        ThreadPoolExecutor(num_proc) as pool,
+        atomic_open(out / "train.bin") as train_file,
+        atomic_open(out / "val.bin") as val_file,
+        progress,
+    ):
+        files = (train_file, val_file)
+        pending = deque()
+
+        def write_oldest() -> None:
+            nonlocal documents
+            encoded = pending.popleft().result()
+            for split in (TRAIN, VAL):
+                files[split].write(encoded.ids[split].tobytes())
+                tokens[split] += len(encoded.ids[split])
+                text_bytes[split] += encoded.text_bytes[split]
+            documents += encoded.documents
+            progress.update(encoded.documents)
+            rate = sum(tokens) / (time.perf_counter() - start)
+            progress.set_postfix_str(f"{rate:,.0f} tokens/s", refresh=False)
+
+        for job in batch_pieces(pieces):
+            pending.append(pool.submit(encode_job, job, tokenizer, dtype, separator))
+            if len(pending) >= JOBS_PER_THREAD * num_proc:
+                write_oldest()
+        while pending:
+            write_oldest()
+        for split in (TRAIN, VAL):  # inside the `with`: an error here removes both files
+            if tokens[split] < block_size + 1:
+                raise UserError(
+                    f"the {SPLITS[split]} split of {corpus.name} has {tokens[split]:,} tokens, fewer than "
+                    f"--block-size + 1 = {block_size + 1:,} (pass the model's block_size with --block-size, "
+                    f"use more text, or change --val-fraction)"
+                )
+    return {
+        "train_tokens": tokens[TRAIN],
+        "val_tokens": tokens[VAL],
+        "train_bytes": text_bytes[TRAIN],  # for bits per byte
+        "val_bytes": text_bytes[VAL],
+        "documents": documents,
+    }
+
+
+def prepare_text(text: str, tokenizer_name: str, out: Path, source: str, val_fraction: float = VAL_FRACTION) -> dict:
+    """Prepare one text held in memory, as a corpus of one document."""
+    import datasets
+
+    corpus = Corpus(source, datasets.Dataset.from_dict({"text": [text]}), "text", 1)
+    return prepare(corpus, tokenizer_name, out, val_fraction=val_fraction)
+
+
 def prepare_bundled(name: str, data_dir: Path) -> dict:
-    corpus, tokenizer_name = BUNDLED[name]
-    text = (CORPUS_DIR / corpus).read_text(encoding="utf-8")
-    return prepare_text(text, tokenizer_name, Path(data_dir) / name, source=corpus)
+    corpus_file, tokenizer_name = BUNDLED[name]
+    # streamed: a small local file gains nothing from a copy in the datasets cache
+    corpus = dataclasses.replace(open_corpus(str(CORPUS_DIR / corpus_file), streaming=True), name=corpus_file)
+    return prepare(corpus, tokenizer_name, Path(data_dir) / name)
 
 
 def ensure_prepared(dataset: str, data_dir: str) -> None:
@@ -82,47 +314,100 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
 
 
 def main() -> None:
+    args = parse_args()
+    if args.dataset in BUNDLED:
+        corpus_file, tokenizer_name = BUNDLED[args.dataset]
+        if args.tokenizer not in (None, tokenizer_name):
+            raise UserError(f"--tokenizer={args.tokenizer}: the bundled {args.dataset!r} uses {tokenizer_name}")
+        spec, name = str(CORPUS_DIR / corpus_file), corpus_file
+    else:
+        if args.tokenizer is None:
+            raise UserError(f"--tokenizer is required for --dataset={args.dataset!r} (char or gpt2)")
+        tokenizer_name, spec, name = args.tokenizer, args.dataset, args.dataset
+    out = Path(args.out or Path(args.data_dir) / default_folder(args))
+    refuse_prepared(out)  # before a long download
+    start = time.perf_counter()
+    corpus = open_corpus(
+        spec,
+        text_field=args.text_field,
+        split=args.split,
+        config_name=args.config_name,
+        revision=args.revision,
+        streaming=args.streaming,
+        num_proc=args.num_proc,
+        cache_dir=args.cache_dir,
+    )
+    meta = prepare(
+        dataclasses.replace(corpus, name=name),
+        tokenizer_name,
+        out,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        block_size=args.block_size,
+        num_proc=args.num_proc,
+        max_documents=args.max_documents,
+    )
+    print(
+        f"wrote {out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens from "
+        f"{meta['documents']:,} documents, {meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,}, "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+
+
+def default_folder(args: argparse.Namespace) -> str:
+    """data/<name>: the bundled name, the file's stem, the folder's or hub dataset's last part."""
+    if args.dataset in BUNDLED:
+        return args.dataset
+    name = Path(args.dataset.rstrip("/")).stem
+    return f"{name}-{args.config_name}" if args.config_name else name
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--dataset", required=True, help=f"a bundled dataset ({', '.join(BUNDLED)}) or a UTF-8 .txt file"
+        "--dataset",
+        required=True,
+        help=f"a bundled corpus ({', '.join(BUNDLED)}), a .txt/.jsonl/.json/.parquet file, a folder of them, "
+        f"or a Hugging Face hub dataset name",
     )
-    parser.add_argument("--tokenizer", choices=TOKENIZERS, help="char or gpt2 (bundled datasets have their own)")
-    parser.add_argument("--out", help="output folder (default: data/<dataset name>)")
-    parser.add_argument("--data-dir", default="data", help="where bundled datasets are written (default: data)")
+    parser.add_argument("--tokenizer", choices=TOKENIZERS, help="char or gpt2 (bundled corpora have their own)")
+    parser.add_argument("--out", help="output folder (default: DATA_DIR/<dataset name>)")
+    parser.add_argument("--data-dir", default="data", help="folder for the default --out (default: data)")
+    parser.add_argument("--text-field", default="text", help="the column that holds each document's text")
+    parser.add_argument("--split", default="train", help="hub datasets: the split to read (default: train)")
+    parser.add_argument("--config-name", help="hub datasets: the configuration, e.g. sample-10BT")
+    parser.add_argument("--revision", help="hub datasets: a branch, tag or commit, e.g. refs/convert/parquet")
     parser.add_argument(
-        "--val-fraction", type=float, default=VAL_FRACTION, help="share of the text held out for validation"
+        "--streaming",
+        action="store_true",
+        help="read the source as it is tokenized, with no copy in the datasets cache (for corpora that do not "
+        "fit on disk); progress then shows no total",
     )
+    parser.add_argument("--num-proc", type=int, default=1, help="tokenizing threads (and files converted at once)")
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=VAL_FRACTION,
+        help=f"share of documents (of characters, for a single document) held out for validation "
+        f"(default: {VAL_FRACTION})",
+    )
+    parser.add_argument("--seed", type=int, default=SEED, help=f"seeds the choice of val documents (default: {SEED})")
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=BLOCK_SIZE,
+        help=f"the model's context: each split must hold at least block_size + 1 tokens (default: {BLOCK_SIZE})",
+    )
+    parser.add_argument("--max-documents", type=int, help="read only the first N documents")
+    parser.add_argument("--cache-dir", help="the datasets cache (default: datasets' own, under HF_HOME)")
     args = parser.parse_args()
     if not 0 < args.val_fraction < 1:
         raise UserError(f"--val-fraction={args.val_fraction} must be between 0 and 1")
-
-    if args.dataset in BUNDLED:
-        corpus, tokenizer_name = BUNDLED[args.dataset]
-        if args.tokenizer not in (None, tokenizer_name):
-            raise UserError(f"--tokenizer={args.tokenizer}: the bundled {args.dataset!r} uses {tokenizer_name}")
-        source = CORPUS_DIR / corpus
-        out = Path(args.out or Path(args.data_dir) / args.dataset)
-    else:
-        source = Path(args.dataset)
-        if not source.is_file():
-            raise UserError(
-                f"--dataset={args.dataset!r} is neither a bundled dataset ({', '.join(BUNDLED)}) nor a file"
-            )
-        if args.tokenizer is None:
-            raise UserError("--tokenizer is required for a text file (char or gpt2)")
-        tokenizer_name = args.tokenizer
-        out = Path(args.out or Path(args.data_dir) / source.stem)
-    if (out / "meta.json").exists():
-        raise UserError(f"{out} already holds a prepared dataset (delete it or choose another --out)")
-    try:
-        text = source.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{source} is not UTF-8 text (byte {e.start}: {e.reason})") from None
-    meta = prepare_text(text, tokenizer_name, out, source=source.name, val_fraction=args.val_fraction)
-    print(
-        f"wrote {out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens, "
-        f"{meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,}"
-    )
+    for option in ("num_proc", "block_size", "max_documents"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            raise UserError(f"--{option.replace('_', '-')}={value} must be a positive integer")
+    return args
 
 
 if __name__ == "__main__":

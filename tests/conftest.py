@@ -12,6 +12,19 @@ from trainer.config import Config, build_config, config_to_toml
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(scope="session", autouse=True)
+def offline_hugging_face(tmp_path_factory):
+    """No test reaches the network or the user's Hugging Face cache. `datasets` reads these
+    variables when it is imported, so nothing may import it before this fixture runs (the project
+    imports it only inside the functions that use it); subprocesses inherit them."""
+    assert "datasets" not in sys.modules, "datasets was imported before the test environment was set"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_DATASETS_OFFLINE", "1")
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
+        yield
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

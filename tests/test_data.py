@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -48,8 +49,8 @@ def write_counting_dataset(directory, n_tokens=1000, vocab=500):
     tokens = (np.arange(n_tokens) % vocab).astype(np.uint16)
     for split in ("train", "val"):
         tokens.tofile(directory / f"{split}.bin")
-    meta = {"tokenizer": "char", "chars": "x" * vocab, "vocab_size": vocab, "dtype": "uint16",
-            "train_tokens": n_tokens, "val_tokens": n_tokens}  # fmt: skip
+    meta = {"tokenizer": "char", "chars": "x" * vocab, "vocab_size": vocab, "dtype": "uint16"}
+    meta |= {f"{split}_{count}": n_tokens for split in ("train", "val") for count in ("tokens", "bytes")}
     (directory / "meta.json").write_text(json.dumps(meta))
     return TokenDataset(directory)
 
@@ -114,3 +115,24 @@ def test_bundled_dataset_is_prepared_once_on_first_use(tmp_path, capsys):
 def test_unknown_dataset_is_not_prepared(tmp_path):
     ensure_prepared("my_corpus", str(tmp_path))
     assert not (tmp_path / "my_corpus").exists()
+
+
+def resident_kib() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the resident set size from /proc")
+def test_drawing_batches_does_not_grow_resident_memory(tmp_path):
+    # 64 MiB of tokens per split. A memory map kept open keeps every page it has touched resident
+    # (the kernel maps whole runs of pages around each one read); a fresh map per batch releases them.
+    dataset = write_counting_dataset(tmp_path / "big", n_tokens=32 << 20)
+    cpu = torch.device("cpu")
+    RandomWindows(dataset, "val", batch_size=64, block_size=4096, seed=0, device=cpu).next_batch()  # warm up
+    before = resident_kib()
+    windows = RandomWindows(dataset, "train", batch_size=64, block_size=4096, seed=0, device=cpu)
+    for _ in range(200):
+        windows.next_batch()
+    assert resident_kib() - before < 16 << 10  # KiB: a quarter of the split

@@ -77,10 +77,23 @@ def test_training_lowers_the_loss_and_records_the_run(tmp_path, data_dir):
     assert evals[0]["val_loss"] == pytest.approx(math.log(65), abs=0.15)  # untrained: about ln(vocab)
     assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.5
     assert all(r["val_perplexity"] == pytest.approx(math.exp(r["val_loss"])) for r in evals)
+    assert all(r["val_bpb"] == pytest.approx(r["val_loss"] / math.log(2)) for r in evals)  # 1 byte per character
     saved = load_config(str(run_dir / "config.toml"), [])
     assert saved.model.vocab_size == 65 and saved.train.max_iters == 30
     checkpoint = torch.load(run_dir / "ckpt.pt", weights_only=True)
     assert checkpoint["step"] == 30 and checkpoint["config"]["model"]["vocab_size"] == 65
+
+
+def test_bits_per_byte_divide_the_loss_by_the_bytes_per_token_of_each_split(tmp_path, bpe_data_dir):
+    run_dir = tmp_path / "run"
+    overrides = {"data__dataset": "shakespeare", "train__max_iters": 1, "train__eval_iters": 1}
+    Trainer(tiny_config(run_dir, bpe_data_dir, **overrides)).fit()
+    meta = json.loads((bpe_data_dir / "shakespeare" / "meta.json").read_text())
+    evaluation = [r for r in read_metrics(run_dir) if "val_loss" in r][-1]
+    for split in ("train", "val"):
+        bits_per_token = evaluation[f"{split}_loss"] / math.log(2)
+        tokens_per_byte = meta[f"{split}_tokens"] / meta[f"{split}_bytes"]  # about 0.3 for GPT-2 on English
+        assert evaluation[f"{split}_bpb"] == pytest.approx(bits_per_token * tokens_per_byte)
 
 
 def test_gradient_accumulation_equals_one_large_batch(tmp_path, data_dir):

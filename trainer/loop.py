@@ -239,11 +239,13 @@ class Trainer:
         for split, loss in losses.items():
             record[f"{split}_loss"] = loss
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
+            # nats per token -> bits per token -> bits per byte of text: comparable across tokenizers
+            record[f"{split}_bpb"] = loss / math.log(2) / self.dataset.bytes_per_token(split)
         self._record(record)
         if self.world.is_main:
             write(
                 f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                f"(perplexity {record['val_perplexity']:.2f})"
+                f"(perplexity {record['val_perplexity']:.2f}, {record['val_bpb']:.4f} bits per byte)"
             )
 
     def _diverged(self, what: str) -> None:
