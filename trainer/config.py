@@ -76,7 +76,7 @@ class TrainConfig:
     eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
     eval_iters: int = 200  # batches per split in each evaluation
     log_interval: int = 10  # steps between lines of metrics.jsonl
-    init_from: str = "scratch"  # "scratch" (new run) or "resume" (continue out_dir's checkpoint)
+    init_from: str = "scratch"  # "scratch" (new run), "resume" (continue out_dir's checkpoint) or a GPT-2 directory
 
     def __post_init__(self):
         if not self.out_dir:
@@ -84,7 +84,8 @@ class TrainConfig:
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ValueError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
         _check_choice(self, "dtype", DTYPES)
-        _check_choice(self, "init_from", INIT_FROM)
+        if not self.init_from:
+            raise ValueError(f"init_from='' is not one of {', '.join(INIT_FROM)} or the path of a GPT-2 directory")
         for name in ("max_iters", "gradient_accumulation_steps", "eval_interval", "eval_iters", "log_interval"):
             _check_positive(self, name)
         if self.grad_clip < 0:
