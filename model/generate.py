@@ -8,6 +8,11 @@ Context policy: the model has learned positions 0 .. block_size - 1 only. When a
 block_size tokens, the context slides: the model re-encodes the last block_size // 2 tokens from
 position 0 (a fresh prefill) and carries on, so each new token sees between block_size // 2 and
 block_size tokens of context and the re-encoding happens once every block_size // 2 tokens.
+
+Batches: prompts of different lengths are left padded to one width. Each row keeps its own context
+start (its padding, then wherever its context slid to); a forward pass covers the window from the
+earliest start, and the later-starting rows treat the tokens before their start as padding, which
+the mask hides and the positions skip. So each row sees exactly the context it would see alone.
 """
 
 from collections.abc import Iterator
