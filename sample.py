@@ -1,16 +1,25 @@
-"""Generate text from a trained model, streamed token by token.
+"""Generate text from a trained model or a Hugging Face GPT-2 directory, or export a model to one.
 
     python sample.py --prompt "ROMEO:"
     python sample.py --out-dir out/shakespeare_char --num-samples 3 --temperature 0.7
+    python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
+    python sample.py --out-dir out/shakespeare_gpt2 --export exported/   # for transformers
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 The model sees at most block_size tokens: once a sample grows past that, the context slides, the
 last block_size // 2 tokens are encoded afresh and generation goes on, so each new token sees
 between block_size // 2 and block_size tokens. A prompt longer than block_size is an error.
-GPT-2 BPE models stop a sample at <|endoftext|>.
+
+All samples (every prompt, --num-samples times) are drawn in batches of --batch-size rows, left
+padded to a common length; each row is generated exactly as it would be alone: sample number i
+(counting from 0 over the whole run) draws from its own generator seeded with --seed + i, so it
+equals the first sample of a run with --seed SEED+i and that prompt alone. A lone sample is
+streamed token by token; a batch is written when it is done. A sample ends at <|endoftext|> (GPT-2
+BPE models) or just before the first --stop string.
 """
 
 import argparse
+import codecs
 import sys
 from pathlib import Path
 
@@ -18,8 +27,9 @@ import torch
 
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
-from model import GPT, generate
+from model import GPT, generate, left_pad
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
+from trainer.pretrained import export_gpt2, model_from_gpt2_dir
 from trainer.runtime import resolve_device, resolve_dtype
 
 RUNS_ROOT = Path("out")
@@ -33,11 +43,29 @@ def parse_args() -> argparse.Namespace:
         default="",
         help="text to continue (default: a newline for character models, <|endoftext|> for GPT-2 BPE)",
     )
-    source.add_argument("--prompt-file", help="read the prompt from this UTF-8 file")
-    parser.add_argument(
+    source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
+    model_source = parser.add_mutually_exclusive_group()
+    model_source.add_argument(
         "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
     )
-    parser.add_argument("--num-samples", type=int, default=1, help="samples to draw, one after another (default: 1)")
+    model_source.add_argument(
+        "--init-from", help="a Hugging Face GPT-2 directory (config.json and model.safetensors or pytorch_model.bin)"
+    )
+    parser.add_argument(
+        "--export",
+        metavar="DIR",
+        help="write the model to DIR as config.json + model.safetensors for transformers' "
+        "GPT2LMHeadModel.from_pretrained, and sample nothing",
+    )
+    parser.add_argument("--num-samples", type=int, default=1, help="samples to draw per prompt (default: 1)")
+    parser.add_argument("--batch-size", type=int, default=8, help="samples generated together (default: 8)")
+    parser.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="end a sample just before this text; repeat for several (escapes such as \\n are read)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample (default: 500)")
     parser.add_argument(
         "--temperature", type=float, default=0.8, help="below 1 sharpens, above 1 flattens; 0 is greedy (default: 0.8)"
@@ -64,9 +92,16 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="re-encode the whole context at every step instead of using the KV cache (slow; shows what it saves)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the one-token step (CUDA graphs on a GPU): a slow start, then faster tokens",
+    )
     args = parser.parse_args()
+    args.stop = [codecs.decode(stop, "unicode_escape") for stop in args.stop]
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
+        ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "1 or more"),
         ("--temperature", args.temperature, args.temperature >= 0, "0 (greedy) or more"),
         ("--top-k", args.top_k, args.top_k >= 0, "0 (off) or more"),
@@ -78,11 +113,11 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def read_prompt(args: argparse.Namespace, default: str) -> str:
+def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     if args.prompt_file is None:
-        return args.prompt or default
+        return [args.prompt or default]
     try:
-        return Path(args.prompt_file).read_text(encoding="utf-8") or default
+        lines = Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
         raise UserError(f"--prompt-file={args.prompt_file!r} does not exist") from None
     except OSError as e:
@@ -91,63 +126,108 @@ def read_prompt(args: argparse.Namespace, default: str) -> str:
         raise UserError(
             f"--prompt-file={args.prompt_file!r} is not UTF-8 text ({e.reason} at byte {e.start})"
         ) from None
+    prompts = [line for line in lines if line.strip()]
+    if not prompts:
+        raise UserError(f"--prompt-file={args.prompt_file!r} holds no prompt (write one per line)")
+    return prompts
+
+
+def load_model(args: argparse.Namespace) -> tuple[GPT, Tokenizer, Path]:
+    if args.init_from is not None:
+        path = Path(args.init_from)
+        model, tokenizer = model_from_gpt2_dir(path, key="--init-from")
+        return model, tokenizer, path
+    run_dir = Path(args.out_dir) if args.out_dir else latest_run(RUNS_ROOT)
+    checkpoint_path = run_dir / CHECKPOINT_NAME
+    model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
+    return model, tokenizer, checkpoint_path
 
 
 def main() -> None:
     args = parse_args()
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    run_dir = Path(args.out_dir) if args.out_dir else latest_run(RUNS_ROOT)
-    checkpoint_path = run_dir / CHECKPOINT_NAME
-    model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
+    model, tokenizer, source = load_model(args)
+    if args.export is not None:
+        export_gpt2(model, tokenizer, Path(args.export))
+        print(f"wrote {source} as a Hugging Face GPT-2 model to {args.export}", file=sys.stderr)
+        return
     model.to(device=device, dtype=dtype)
 
-    prompt = read_prompt(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
-    prompt_ids = tokenizer.encode(prompt)
+    prompts = read_prompts(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
     block_size = model.config.block_size
-    if len(prompt_ids) > block_size:
-        raise UserError(
-            f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
-            f"tokens (shorten the prompt)"
-        )
-    print(f"sampling from {checkpoint_path} on {device.type}", file=sys.stderr)
-    generator = torch.Generator(device=device).manual_seed(args.seed)
-    for i in range(args.num_samples):
-        if i > 0:
-            print("\n" + "-" * 40)
-        write_sample(model, tokenizer, prompt, prompt_ids, args, generator)
+    rows = []
+    for prompt in prompts:
+        prompt_ids = tokenizer.encode(prompt)
+        if len(prompt_ids) > block_size:
+            raise UserError(
+                f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
+                f"tokens (shorten the prompt)"
+            )
+        rows += [(prompt, prompt_ids)] * args.num_samples
+    print(f"sampling from {source} on {device.type}", file=sys.stderr)
+    for first in range(0, len(rows), args.batch_size):
+        batch = rows[first : first + args.batch_size]
+        generators = [torch.Generator(device=device).manual_seed(args.seed + first + i) for i in range(len(batch))]
+        write_samples(model, tokenizer, batch, args, generators, separate=first > 0)
 
 
-def write_sample(
+def write_samples(
     model: GPT,
     tokenizer: Tokenizer,
-    prompt: str,
-    prompt_ids: list[int],
+    rows: list[tuple[str, list[int]]],
     args: argparse.Namespace,
-    generator: torch.Generator,
+    generators: list[torch.Generator],
+    separate: bool,
 ) -> None:
-    """Generate one sample and write it to stdout token by token, ending at <|endoftext|> if any."""
-    sys.stdout.write(prompt)
-    decoder = StreamDecoder(tokenizer)
-    tokens = generate(
+    """Generate one sample per row and write each to stdout, after a separator line from the previous
+    one; a lone row is streamed token by token."""
+    device = generators[0].device
+    prompt_batch, pad = left_pad([prompt_ids for _, prompt_ids in rows], device)
+    decoders = [StreamDecoder(tokenizer, tuple(args.stop)) for _ in rows]
+    texts = [[prompt] for prompt, _ in rows]
+    stream = len(rows) == 1
+    if stream:
+        _write(texts[0][0], separate)
+    steps = generate(
         model,
-        torch.tensor([prompt_ids], dtype=torch.long, device=generator.device),
+        prompt_batch,
         args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k or None,
         top_p=args.top_p,
         stop_token=tokenizer.eot_token,
         vocab_size=tokenizer.vocab_size,
-        generator=generator,
+        generators=generators,
         use_cache=not args.no_cache,
+        pad=pad,
+        compile=args.compile,
     )
-    for token in tokens:
-        token_id = int(token[0])
-        if token_id == tokenizer.eot_token:
+    done = [False] * len(rows)
+    for tokens in steps:
+        for row, token_id in enumerate(tokens.tolist()):
+            if done[row]:
+                continue
+            decoder = decoders[row]
+            text = "" if token_id == tokenizer.eot_token else decoder.feed(token_id)
+            done[row] = token_id == tokenizer.eot_token or decoder.stopped
+            texts[row].append(text)
+            if stream:
+                _write(text)
+        if all(done):
             break
-        sys.stdout.write(decoder.feed(token_id))
-        sys.stdout.flush()
-    sys.stdout.write(decoder.flush() + "\n")
+    for row, decoder in enumerate(decoders):
+        texts[row].append(decoder.flush() + "\n")
+        if stream:
+            _write(texts[row][-1])
+        else:
+            _write("".join(texts[row]), separate=separate or row > 0)
+
+
+def _write(text: str, separate: bool = False) -> None:
+    if separate:
+        sys.stdout.write("\n" + "-" * 40 + "\n")
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 

@@ -135,19 +135,50 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
 
 
 class StreamDecoder:
-    """Turns token ids into text one token at a time.
+    """Turns token ids into text one token at a time, stopping at the first stop string.
 
     A BPE token can end in the middle of a multi-byte UTF-8 character; the incremental decoder
     holds such bytes back until the character is complete, so streamed text never shows a
     half-character. Bytes that never form valid UTF-8 become U+FFFD, as in tiktoken's decode.
+    Text that could be the start of a stop string is held back too, until it is known not to be;
+    once a stop string appears, the text before it is the end of the sample (`stopped` is set).
     """
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, stop: tuple[str, ...] = ()):
         self.tokenizer = tokenizer
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.stop = tuple(s for s in stop if s)
+        self.pending = ""  # decoded text held back: it may begin a stop string
+        self.stopped = False
 
     def feed(self, token: int) -> str:
-        return self.decoder.decode(self.tokenizer.token_bytes(token))
+        """The text that this token completes (empty once a stop string has appeared)."""
+        if self.stopped:
+            return ""
+        return self._release(self.decoder.decode(self.tokenizer.token_bytes(token)))
 
     def flush(self) -> str:
-        return self.decoder.decode(b"", final=True)
+        """The text still held back, at the end of the sample."""
+        if self.stopped:
+            return ""
+        text = self._release(self.decoder.decode(b"", final=True))
+        text, self.pending = text + self.pending, ""
+        return text
+
+    def _release(self, text: str) -> str:
+        text = self.pending + text
+        found = [index for index in (text.find(stop) for stop in self.stop) if index >= 0]
+        if found:
+            self.stopped, self.pending = True, ""
+            return text[: min(found)]
+        held = max((_overlap(text, stop) for stop in self.stop), default=0)
+        self.pending = text[len(text) - held :]
+        return text[: len(text) - held]
+
+
+def _overlap(text: str, stop: str) -> int:
+    """The length of the longest end of text that is the beginning of stop."""
+    for size in range(min(len(text), len(stop) - 1), 0, -1):
+        if text.endswith(stop[:size]):
+            return size
+    return 0

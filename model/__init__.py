@@ -1,7 +1,7 @@
 """A GPT-2 style language model in plain PyTorch; this folder imports nothing else from the project."""
 
-from .attention import CausalSelfAttention, attention, causal_mask
-from .generate import generate, sample_next_token
+from .attention import CausalSelfAttention, attention, causal_mask, padded_causal_mask
+from .generate import generate, left_pad, sample_next_token
 from .gpt import GPT, GPTConfig
 from .kv_cache import KVCache
 
@@ -12,6 +12,8 @@ __all__ = [
     "CausalSelfAttention",
     "attention",
     "causal_mask",
+    "padded_causal_mask",
     "generate",
+    "left_pad",
     "sample_next_token",
 ]

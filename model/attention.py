@@ -21,6 +21,24 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None) -> 
     return ones.tril(diagonal=kv_len - q_len)
 
 
+def padded_causal_mask(q_slots: torch.Tensor, kv_len: int, pad: torch.Tensor | None = None) -> torch.Tensor:
+    """Boolean mask, True where a query may attend to a key, for queries at any slots of a sequence
+    of kv_len slots (as in a preallocated KV cache) whose rows may start with padding.
+
+    q_slots: (T,) the slot of each query. pad: (B,) how many slots each row starts with that are
+    padding (left padding), or None. Query i of row b sees keys pad[b] .. q_slots[i]; a padding query
+    sees only itself, so no row of the softmax is empty (its output is never used). Returns (T, kv_len)
+    without pad, else (B, 1, T, kv_len).
+    """
+    keys = torch.arange(kv_len, device=q_slots.device)  # (S,)
+    causal = keys <= q_slots[:, None]  # (T, S)
+    if pad is None:
+        return causal
+    real_key = keys >= pad[:, None]  # (B, S)
+    own_key = keys == q_slots[:, None]  # (T, S)
+    return (causal & (real_key[:, None, :] | own_key))[:, None]  # (B, 1, T, S)
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -59,7 +77,9 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.layer_idx = layer_idx  # which slot of a KV cache this layer writes
 
-    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+        """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
+        cache, the new keys and values go into its slots and the queries attend over all of them."""
         B, T, C = x.shape
         H = self.n_head
         D = C // H
@@ -68,7 +88,7 @@ class CausalSelfAttention(nn.Module):
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, H, cached + T, D)
-        y = attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H, max_len, D)
+        y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))

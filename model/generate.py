@@ -8,6 +8,11 @@ Context policy: the model has learned positions 0 .. block_size - 1 only. When a
 block_size tokens, the context slides: the model re-encodes the last block_size // 2 tokens from
 position 0 (a fresh prefill) and carries on, so each new token sees between block_size // 2 and
 block_size tokens of context and the re-encoding happens once every block_size // 2 tokens.
+
+Batches: prompts of different lengths are left padded to one width. Each row keeps its own context
+start (its padding, then wherever its context slid to); a forward pass covers the window from the
+earliest start, and the later-starting rows treat the tokens before their start as padding, which
+the mask hides and the positions skip. So each row sees exactly the context it would see alone.
 """
 
 from collections.abc import Iterator
@@ -53,6 +58,16 @@ def slide_context(start: int, length: int, block_size: int) -> int:
     return start
 
 
+def left_pad(prompts: list[list[int]], device: torch.device | str = "cpu") -> tuple[torch.Tensor, list[int]]:
+    """Prompts of different lengths as one (B, T) batch, each row right-aligned, and the padding
+    each row starts with (filled with token 0, which no query attends to)."""
+    width = max(len(ids) for ids in prompts)
+    batch = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, ids in enumerate(prompts):
+        batch[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+    return batch.to(device), [width - len(ids) for ids in prompts]
+
+
 @torch.no_grad()
 def generate(
     model: GPT,
@@ -63,42 +78,92 @@ def generate(
     top_p: float | None = None,
     stop_token: int | None = None,
     vocab_size: int | None = None,
-    generator: torch.Generator | None = None,
+    generators: list[torch.Generator] | None = None,
     use_cache: bool = True,
+    pad: list[int] | None = None,
+    compile: bool = False,
 ) -> Iterator[torch.Tensor]:
-    """Yield (B,) new token ids, one step at a time, for a (B, T) prompt of T <= block_size tokens.
+    """Yield (B,) new token ids, on the CPU, one step at a time, for a (B, T) prompt.
 
-    stop_token: a row that samples it is finished (and repeats it); generation ends when every row
-    has finished. vocab_size: sample only ids below it (a model may pad its vocabulary for speed).
+    pad: row b's prompt is prompt[b, pad[b]:] (left padding, see `left_pad`); each row holds 1 to
+    block_size real tokens and is generated exactly as it would be alone: its own positions from 0,
+    its own context window, padding hidden from every query. stop_token: a row that samples it is
+    finished (and repeats it); generation ends when every row has finished. vocab_size: sample only
+    ids below it (a model may pad its vocabulary for speed). generators: one per row, so a row's
+    samples do not depend on the other rows; None draws from torch's global generator.
+    compile: run the one-token step through torch.compile (CUDA graphs on a GPU); the prompt and
+    every re-encoding after the context slides run eagerly.
+
+    The decoding loop allocates no buffers: it writes into the preallocated token buffer and KV
+    cache, and its only wait for the device is copying each step's (B,) tokens to the host.
     """
     block_size = model.config.block_size
-    B, prompt_len = prompt.shape
-    if not 1 <= prompt_len <= block_size:
-        raise ValueError(f"prompt of {prompt_len} tokens: it must hold 1 to block_size={block_size} tokens")
-    tokens = torch.empty(B, prompt_len + max_new_tokens, dtype=torch.long, device=prompt.device)
-    tokens[:, :prompt_len] = prompt
-    length = prompt_len
-    cache = model.new_cache(B) if use_cache else None
+    B, width = prompt.shape
+    starts = list(pad) if pad is not None else [0] * B  # per row: the first token of its context
+    for row, start in enumerate(starts):
+        if not 1 <= width - start <= block_size:
+            raise ValueError(
+                f"prompt row {row} has {width - start} tokens: it must hold 1 to block_size={block_size} tokens"
+            )
+    if generators is not None and len(generators) != B:
+        raise ValueError(f"{len(generators)} generators for {B} prompt rows: pass one per row")
+    tokens = torch.empty(B, width + max_new_tokens, dtype=torch.long, device=prompt.device)
+    tokens[:, :width] = prompt
+    length = width
+    window = width - min(starts)  # the longest context
+    cache = model.new_cache(B, min(block_size, window + max_new_tokens)) if use_cache else None
+    # the one-token step: CUDA graphs replay it without launching each kernel from Python
+    mode = "reduce-overhead" if prompt.device.type == "cuda" else None
+    step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
-    start = 0
-    new_input = tokens[:, :prompt_len]  # the first step encodes the whole prompt
-    for _ in range(max_new_tokens):
-        logits, _ = model(new_input, cache=cache)
-        logits = logits[:, -1, :vocab_size]  # (B, V): the prediction after the last position
-        next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
+    logits, window_pad = _encode(model, tokens, starts, length, cache)
+    for i in range(max_new_tokens):
+        next_token = _sample_rows(logits[:, -1, :vocab_size], temperature, top_k, top_p, generators)  # (B,)
         if stop_token is not None:
             next_token = next_token.masked_fill(finished, stop_token)
             finished |= next_token == stop_token
         tokens[:, length] = next_token
         length += 1
-        yield next_token
-        if stop_token is not None and bool(finished.all()):
+        next_on_host = next_token.cpu()  # the step's one wait for the device
+        yield next_on_host
+        if i == max_new_tokens - 1 or (stop_token is not None and bool((next_on_host == stop_token).all())):
             return
-        new_start = slide_context(start, length, block_size)
-        if cache is not None and new_start == start:
-            new_input = tokens[:, length - 1 : length]  # the cache holds the rest of the context
+        new_starts = [slide_context(start, length, block_size) for start in starts]
+        if cache is not None and new_starts == starts:
+            logits, _ = step(tokens[:, length - 1 : length], cache=cache, pad=window_pad)
         else:
-            start = new_start
-            new_input = tokens[:, start:length]  # the whole context, from position 0
-            if cache is not None:
-                cache.reset()
+            starts = new_starts
+            logits, window_pad = _encode(model, tokens, starts, length, cache)
+
+
+def _encode(
+    model: GPT, tokens: torch.Tensor, starts: list[int], length: int, cache
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Encode every row's context from position 0 in one forward pass: the window from the earliest
+    row start to `length`, with each row's earlier tokens as padding. Returns the logits and that
+    padding (None when there is none), which the following one-token steps pass on."""
+    first = min(starts)
+    pad = None
+    if any(start > first for start in starts):
+        pad = torch.tensor([start - first for start in starts], device=tokens.device)  # (B,)
+    if cache is not None:
+        cache.reset()
+    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad)
+    return logits, pad
+
+
+def _sample_rows(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    generators: list[torch.Generator] | None,
+) -> torch.Tensor:
+    """(B,) tokens from (B, V) logits, each row with its own generator when given."""
+    if generators is None or temperature == 0:
+        return sample_next_token(logits, temperature, top_k, top_p)
+    rows = [
+        sample_next_token(logits[row : row + 1], temperature, top_k, top_p, generator)
+        for row, generator in enumerate(generators)
+    ]
+    return torch.cat(rows)

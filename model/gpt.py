@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention
+from .attention import CausalSelfAttention, padded_causal_mask
 from .kv_cache import KVCache
 
 
@@ -78,21 +78,35 @@ class GPT(nn.Module):
         idx: torch.Tensor,
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        pad: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, when targets (B, T) are
         given, the mean cross-entropy over targets that are not -1 (padding).
 
-        With a cache, idx continues the tokens already cached: positions start at cache.pos.
+        With a cache, idx continues the tokens already cached: it fills the cache's next T slots.
+        pad: (B,) left padding, so rows of different lengths share a batch: the first pad[b] slots
+        of row b (counted from the start of the cache, or of idx without one) hold filler tokens
+        that no query attends to, and the row's first real token has position 0. Pass the same pad
+        with every call on one cache.
         """
         B, T = idx.shape
-        start = 0 if cache is None else cache.pos
-        if start + T > self.config.block_size:
-            raise ValueError(f"{start + T} positions exceed the model's block_size={self.config.block_size}")
-        pos = torch.arange(start, start + T, device=idx.device)  # (T,)
+        if cache is None:
+            if T > self.config.block_size:
+                raise ValueError(f"{T} positions exceed the model's block_size={self.config.block_size}")
+            slots = torch.arange(T, device=idx.device)  # (T,)
+            kv_len = T
+        else:
+            cache.claim(T)  # raises past cache.max_len, which new_cache keeps within block_size
+            slots = cache.slots(T)  # (T,)
+            kv_len = cache.max_len
+        # Only a plain full sequence can use the fused causal kernel; cached or padded calls need
+        # an explicit mask over the key slots.
+        mask = None if cache is None and pad is None else padded_causal_mask(slots, kv_len, pad)
+        pos = slots if pad is None else (slots - pad[:, None]).clamp(min=0)  # (T,) or (B, T); padding at 0
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, cache)
+            x = block(x, mask, cache)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.advance(T)
@@ -103,18 +117,15 @@ class GPT(nn.Module):
         return logits, loss
 
     def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """An empty KV cache for batch_size sequences of up to max_len (default block_size) tokens,
-        on the model's device and in its dtype."""
+        """An empty KV cache for batch_size sequences of up to max_len (default and at most
+        block_size) tokens, on the model's device and in its dtype."""
         cfg = self.config
+        max_len = max_len or cfg.block_size
+        if max_len > cfg.block_size:
+            raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.lm_head.weight
         return KVCache(
-            cfg.n_layer,
-            batch_size,
-            cfg.n_head,
-            cfg.head_dim,
-            max_len or cfg.block_size,
-            device=weight.device,
-            dtype=weight.dtype,
+            cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, device=weight.device, dtype=weight.dtype
         )
 
     def num_params(self, non_embedding: bool = True) -> int:
@@ -136,8 +147,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), cache)
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache)
         x = x + self.mlp(self.ln_2(x))
         return x
 

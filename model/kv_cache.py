@@ -3,6 +3,10 @@
 Without a cache every new token re-runs attention over the whole sequence; with it, each step
 computes keys and values for the new token only and reads the earlier ones back, so a step costs
 O(n) instead of O(n^2) in the length n so far.
+
+The cache has a fixed shape: attention always reads all max_len slots, and a mask hides the slots
+not written yet. Every decoding step therefore runs the same tensor shapes on the same buffers,
+which is what lets `torch.compile` (and CUDA graphs) capture one step and replay it.
 """
 
 import torch
@@ -11,9 +15,9 @@ import torch
 class KVCache:
     """Keys and values of every layer for the tokens seen so far.
 
-    Allocated once for the longest sequence it will hold. Attention layers write their new keys and
-    values at the current position with `update`; the model's forward calls `advance` once per call,
-    after every layer has written.
+    Allocated once for the longest sequence it will hold. Each forward call first claims room for
+    its tokens (`claim`, on the host), its attention layers write their keys and values into the
+    claimed slots (`update`), and it ends with `advance`, which moves the device-side write position.
     """
 
     def __init__(
@@ -30,24 +34,39 @@ class KVCache:
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
-        self.pos = 0  # tokens already written (the same for every layer between forward calls)
+        self.pos = 0  # slots claimed so far, counted on the host: checking room never waits for the device
+        self.next_slot = torch.zeros(1, dtype=torch.long, device=device)  # the same count, on the device
+        # The buffers stay at fixed addresses and are updated in place, so compiled steps (CUDA graphs
+        # included) may read and write them directly instead of copying them in and out.
+        for buffer in (self.k, self.v, self.next_slot):
+            torch._dynamo.mark_static_address(buffer)
 
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write (B, H, T, D) keys and values at the current position; return all keys and values
-        so far, (B, H, pos + T, D)."""
-        end = self.pos + k.size(2)
+    @torch.compiler.disable  # host-side bookkeeping: keeps the changing count out of compiled graphs
+    def claim(self, n_tokens: int) -> None:
+        """Reserve the next n_tokens slots; raises if they do not fit."""
+        end = self.pos + n_tokens
         if end > self.max_len:
             raise ValueError(
-                f"KV cache holds {self.max_len} positions; writing {k.size(2)} tokens at "
-                f"position {self.pos} needs {end}"
+                f"KV cache holds {self.max_len} positions; writing {n_tokens} tokens at position {self.pos} needs {end}"
             )
-        self.k[layer, :, :, self.pos : end] = k
-        self.v[layer, :, :, self.pos : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        self.pos = end
+
+    def slots(self, n_tokens: int) -> torch.Tensor:
+        """(n_tokens,) the slots the current call writes, computed on the device."""
+        return self.next_slot + torch.arange(n_tokens, device=self.next_slot.device)
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write (B, H, T, D) keys and values into the current call's slots; return the layer's whole
+        buffers, (B, H, max_len, D) (the caller masks the slots not written yet)."""
+        slots = self.slots(k.size(2))
+        self.k[layer].index_copy_(2, slots, k)
+        self.v[layer].index_copy_(2, slots, v)
+        return self.k[layer], self.v[layer]
 
     def advance(self, n_tokens: int) -> None:
-        self.pos += n_tokens
+        self.next_slot += n_tokens
 
     def reset(self) -> None:
         """Forget the cached tokens; the memory is kept and overwritten."""
         self.pos = 0
+        self.next_slot.zero_()

@@ -125,6 +125,11 @@ CATALOGUE = [
     Case("top-p-of-zero", "sample.py", ["--top-p", "0"], "--top-p=0.0 is not allowed"),
     Case("prompt-file-missing", "sample.py", ["--prompt-file", "nothing.txt"], "--prompt-file='nothing.txt' does not exist"),
     Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
+    Case("batch-size-of-zero", "sample.py", ["--batch-size", "0"], "--batch-size=0 is not allowed"),
+    # GPT-2 directories
+    Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
+    Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
+    Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
 ]  # fmt: skip
 
 

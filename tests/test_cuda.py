@@ -61,3 +61,18 @@ def test_compiled_run_logs_mfu_resumes_in_another_precision_and_samples(tmp_path
     )
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == len("ROMEO:") + 50 + 1
+
+
+def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch):
+    from model import generate, left_pad
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    torch._dynamo.reset()
+    model = tiny_model(50, 16).cuda()
+    prompts, pad = left_pad([[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]], "cuda")
+
+    def tokens(compile: bool) -> list[list[int]]:
+        steps = generate(model, prompts, 40, temperature=0, pad=pad, compile=compile)
+        return torch.stack(list(steps), dim=1).tolist()
+
+    assert tokens(compile=True) == tokens(compile=False)

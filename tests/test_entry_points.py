@@ -90,14 +90,32 @@ def test_the_seed_makes_samples_reproducible(trained):
     assert first.stdout != other.stdout
 
 
-def test_prompt_can_come_from_a_file(trained):
+def test_each_line_of_a_prompt_file_is_sampled_as_if_alone(trained):
     workdir, _ = trained
-    (workdir / "prompt.txt").write_text("JULIET:\nO Romeo")
-    result = run_script(
-        "sample.py", "--out-dir", "out/tiny", "--prompt-file", "prompt.txt", "--max-new-tokens", "5", cwd=workdir
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("JULIET:\nO Romeo") and len(result.stdout) == len("JULIET:\nO Romeo") + 5 + 1
+    prompts = ["JULIET:", "O Romeo, Romeo! wherefore", "A"]
+    (workdir / "prompts.txt").write_text(prompts[0] + "\n\n" + "\n".join(prompts[1:]) + "\n")
+    args = ("--out-dir", "out/tiny", "--max-new-tokens", "40", "--temperature", "1", "--device", "cpu")
+    batch = run_script("sample.py", *args, "--prompt-file", "prompts.txt", "--seed", "7", cwd=workdir)
+    assert batch.returncode == 0, batch.stderr
+    samples = batch.stdout.split("\n" + "-" * 40 + "\n")
+    assert len(samples) == 3
+    for i, prompt in enumerate(prompts):
+        alone = run_script("sample.py", *args, "--prompt", prompt, "--seed", str(7 + i), cwd=workdir)
+        assert alone.returncode == 0, alone.stderr
+        assert samples[i] == alone.stdout
+        assert alone.stdout.startswith(prompt) and len(alone.stdout) == len(prompt) + 40 + 1
+
+
+def test_sampling_ends_before_a_stop_string(trained):
+    workdir, _ = trained
+    args = ("--out-dir", "out/tiny", "--prompt", "ROMEO:", "--temperature", "0", "--max-new-tokens", "60")
+    full = run_script("sample.py", *args, cwd=workdir)
+    assert full.returncode == 0, full.stderr
+    continuation = full.stdout[len("ROMEO:") : -1]
+    stop = continuation[10:13]  # three characters from the middle of the greedy continuation
+    stopped = run_script("sample.py", *args, "--stop", stop, "--stop", "never seen", cwd=workdir)
+    assert stopped.returncode == 0, stopped.stderr
+    assert stopped.stdout == "ROMEO:" + continuation[: continuation.index(stop)] + "\n"
 
 
 def test_bpe_sample_stops_at_end_of_text(bpe_data_dir, tmp_path):

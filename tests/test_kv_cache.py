@@ -41,10 +41,14 @@ def test_cache_advances_once_per_forward_call():
 
 def test_writing_past_the_end_of_the_cache_states_the_limit():
     cache = KVCache(n_layer=1, batch_size=1, n_head=2, head_dim=4, max_len=8)
-    cache.update(0, torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4))
-    cache.advance(6)
+    cache.claim(6)
     with pytest.raises(ValueError, match="holds 8 positions.*needs 9"):
-        cache.update(0, torch.zeros(1, 2, 3, 4), torch.zeros(1, 2, 3, 4))
+        cache.claim(3)
+    model = tiny_model(VOCAB, BLOCK)
+    cache = model.new_cache(1, max_len=4)
+    model(torch.zeros(1, 3, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="holds 4 positions; writing 2 tokens at position 3 needs 5"):
+        model(torch.zeros(1, 2, dtype=torch.long), cache=cache)
 
 
 def test_model_refuses_positions_past_block_size():
@@ -53,8 +57,10 @@ def test_model_refuses_positions_past_block_size():
         model(torch.zeros(1, 9, dtype=torch.long))
     cache = model.new_cache(1)
     model(torch.zeros(1, 8, dtype=torch.long), cache=cache)
-    with pytest.raises(ValueError, match="9 positions exceed the model's block_size=8"):
+    with pytest.raises(ValueError, match="holds 8 positions; writing 1 tokens at position 8 needs 9"):
         model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+    with pytest.raises(ValueError, match="cache of 9 positions exceeds the model's block_size=8"):
+        model.new_cache(1, max_len=9)
 
 
 @pytest.mark.parametrize("new_tokens", [10, 3 * BLOCK])  # the second slides the context twice
@@ -111,7 +117,7 @@ class ScriptedModel:
         self.prompt_len = prompt_len
         self.config = SimpleNamespace(block_size=block_size)
 
-    def __call__(self, context: torch.Tensor, cache=None):
+    def __call__(self, context: torch.Tensor, cache=None, pad=None):
         step = context.size(1) - self.prompt_len  # without a cache, the context is the whole sequence
         logits = torch.zeros(context.size(0), 1, VOCAB)
         logits[torch.arange(context.size(0)), 0, self.script[:, step]] = 1.0
@@ -151,6 +157,6 @@ def test_generation_never_samples_padded_vocabulary_ids():
     with torch.no_grad():
         model.lm_head.weight[40:] = 5.0  # make the padding ids the most likely by far
     prompt = torch.zeros(1, 2, dtype=torch.long)
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.cat(list(generate(model, prompt, 30, temperature=1.0, vocab_size=40, generator=generator)))
+    generators = [torch.Generator().manual_seed(0)]
+    tokens = torch.cat(list(generate(model, prompt, 30, temperature=1.0, vocab_size=40, generators=generators)))
     assert tokens.max().item() < 40

@@ -86,3 +86,25 @@ def _is_incomplete_utf8(data: bytes) -> bool:
         return False
     except UnicodeDecodeError:
         return True
+
+
+def stream(tokenizer, ids, stop) -> tuple[list[str], bool]:
+    decoder = StreamDecoder(tokenizer, stop)
+    pieces = [decoder.feed(token) for token in ids]
+    pieces.append(decoder.flush())
+    return pieces, decoder.stopped
+
+
+def test_stream_ends_before_a_stop_string_split_across_tokens():
+    tokenizer = CharTokenizer("abcdefg\n")
+    pieces, stopped = stream(tokenizer, tokenizer.encode("abc\ndefg"), stop=("c\nd", "zz"))
+    assert "".join(pieces) == "ab" and stopped
+    # nothing after the stop string is shown, not even the text held back while it could still match
+    assert pieces[:2] == ["a", "b"]
+
+
+def test_text_held_back_for_a_possible_stop_string_is_released_when_it_does_not_match():
+    tokenizer = CharTokenizer("abcd")
+    pieces, stopped = stream(tokenizer, tokenizer.encode("abcabd"), stop=("abd!",))
+    assert "".join(pieces) == "abcabd" and not stopped
+    assert pieces[:3] == ["", "", "abc"]  # "a", "ab" might begin the stop string; "abc" cannot

@@ -77,7 +77,7 @@ class TrainConfig:
     eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
     eval_iters: int = 200  # batches per split in each evaluation
     log_interval: int = 10  # steps between lines of metrics.jsonl
-    init_from: str = "scratch"  # "scratch" (new run) or "resume" (continue out_dir's checkpoint)
+    init_from: str = "scratch"  # "scratch" (new run), "resume" (continue out_dir's checkpoint) or a GPT-2 directory
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
 
@@ -87,7 +87,8 @@ class TrainConfig:
         if not DEVICE_PATTERN.fullmatch(self.device):
             raise ValueError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
         _check_choice(self, "dtype", DTYPES)
-        _check_choice(self, "init_from", INIT_FROM)
+        if not self.init_from:
+            raise ValueError(f"init_from='' is not one of {', '.join(INIT_FROM)} or the path of a GPT-2 directory")
         _check_choice(self, "parallelism", PARALLELISMS)
         for name in (
             "max_iters",

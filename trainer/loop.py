@@ -15,10 +15,11 @@ from data.loader import SPLITS, RandomWindows, TokenDataset
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
-from trainer.config import Config, TrainConfig, config_to_dict, config_to_toml
+from trainer.config import INIT_FROM, Config, TrainConfig, config_to_dict, config_to_toml
 from trainer.distributed import ParallelModel, World
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
 from trainer.optim import build_optimizer, lr_at
+from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
 from trainer.runtime import autocast, enable_tf32, resolve_dtype
 
 
@@ -40,6 +41,10 @@ class Trainer:
         self.run_dir = Path(train.out_dir)
         checkpoint = self._open_run_dir(train)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
+        pretrained = None
+        if train.init_from not in INIT_FROM:  # fine-tune the GPT-2 weights in that directory
+            gpt2_config, pretrained = load_gpt2(Path(train.init_from), key="train.init_from")
+            cfg = with_gpt2_shape(cfg, gpt2_config, self.dataset.meta)
         self.cfg = cfg = _with_dataset_vocab(cfg, self.dataset.vocab_size)
         self.dataset.check_fits(cfg.model.block_size)
         if checkpoint is not None:
@@ -49,6 +54,8 @@ class Trainer:
             enable_tf32()
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
+        if pretrained is not None:
+            self.model.load_state_dict(crop_positions(pretrained, cfg.model.block_size))
         self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)  # after sharding: it holds the shards
         # float16 gradients underflow without loss scaling; bfloat16 and float32 need none

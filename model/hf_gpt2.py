@@ -1,0 +1,222 @@
+"""Hugging Face GPT-2 directories in and out: config.json plus model.safetensors (or pytorch_model.bin).
+
+GPT-2's tensors have this model's names (transformer.h.0.attn.c_attn.weight, ...), with or without
+the "transformer." prefix; its four Linear layers per block are Conv1D modules that store the
+weight transposed, (in, out); the attention-mask buffers (attn.bias, attn.masked_bias) are
+constants and are skipped; the output layer is tied to the token embedding.
+
+Safetensors is read and written here directly: an 8-byte little-endian header length, a JSON
+header mapping each tensor name to its dtype, shape and byte range, then the raw little-endian data.
+Problems with a directory raise ValueError naming the file.
+"""
+
+import json
+import struct
+from pathlib import Path
+from typing import BinaryIO
+
+import torch
+
+from .gpt import GPT, GPTConfig
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # names transformers gives GPT-2's tanh-approximated GELU
+LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor in a .safetensors file, on the CPU."""
+    with open(path, "rb") as f:
+        header_len = struct.unpack("<Q", f.read(8))[0]
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} is not a safetensors file (its header is not JSON)") from None
+        header.pop("__metadata__", None)
+        data_start = 8 + header_len
+        tensors = {}
+        for name, entry in header.items():
+            if entry["dtype"] not in SAFETENSORS_DTYPES:
+                raise ValueError(f"{path}: tensor {name} has dtype {entry['dtype']}, which is not supported")
+            begin, end = entry["data_offsets"]
+            f.seek(data_start + begin)
+            data = bytearray(f.read(end - begin))
+            if len(data) != end - begin:
+                raise ValueError(f"{path} is truncated: tensor {name} ends past the end of the file")
+            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+            flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
+            tensors[name] = flat.reshape(entry["shape"])
+    return tensors
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], f: BinaryIO, metadata: dict[str, str]) -> None:
+    """Write tensors (any device; stored as they are, contiguous) in the safetensors format."""
+    names = {dtype: name for name, dtype in SAFETENSORS_DTYPES.items()}
+    header: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for name, tensor in tensors.items():
+        size = tensor.numel() * tensor.element_size()
+        header[name] = {
+            "dtype": names[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # the data starts 8-byte aligned
+    f.write(struct.pack("<Q", len(header_bytes)))
+    f.write(header_bytes)
+    for tensor in tensors.values():
+        f.write(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def gpt_config_from_hf(hf: dict, source: str) -> GPTConfig:
+    """Our config for a GPT-2 config.json (dropout 0; the caller sets its own)."""
+    if hf.get("model_type") != "gpt2":
+        raise ValueError(f"{source} has model_type={hf.get('model_type')!r}; only GPT-2 models ('gpt2') can be loaded")
+    n_embd = hf.get("n_embd", 768)
+    unsupported = [
+        ("activation_function", hf.get("activation_function", "gelu_new") in TANH_GELU, "gelu_new"),
+        ("layer_norm_epsilon", hf.get("layer_norm_epsilon", LAYER_NORM_EPS) == LAYER_NORM_EPS, LAYER_NORM_EPS),
+        ("n_inner", hf.get("n_inner") in (None, 4 * n_embd), f"null or {4 * n_embd}"),
+        ("scale_attn_weights", hf.get("scale_attn_weights", True) is True, True),
+        ("scale_attn_by_inverse_layer_idx", hf.get("scale_attn_by_inverse_layer_idx", False) is False, False),
+        ("add_cross_attention", hf.get("add_cross_attention", False) is False, False),
+    ]
+    for key, ok, supported in unsupported:
+        if not ok:
+            raise ValueError(f"{source} sets {key}={hf[key]!r}; this model supports only {supported!r}")
+    return GPTConfig(
+        n_layer=hf.get("n_layer", 12),
+        n_head=hf.get("n_head", 12),
+        n_embd=n_embd,
+        block_size=hf.get("n_positions", 1024),
+        vocab_size=hf.get("vocab_size", 50257),
+        dropout=0.0,
+        bias=True,
+    )
+
+
+def state_dict_from_hf(hf_tensors: dict[str, torch.Tensor], config: GPTConfig, source: str) -> dict[str, torch.Tensor]:
+    """Our state dict from GPT-2's tensors, checking that every weight is there with its shape."""
+    tensors = {name.removeprefix("transformer."): tensor for name, tensor in hf_tensors.items()}
+    tensors = {name: tensor for name, tensor in tensors.items() if not _is_mask_buffer(name)}
+    state = {}
+    for name, shape in _parameter_shapes(config).items():
+        hf_name = name.removeprefix("transformer.")
+        if hf_name not in tensors:
+            raise ValueError(f"{source} lacks the tensor {hf_name}: it is not a complete GPT-2 checkpoint")
+        tensor = tensors.pop(hf_name)
+        if name.endswith(CONV1D_WEIGHTS):
+            tensor = tensor.t()  # Conv1D stores (in, out); Linear wants (out, in)
+        if tuple(tensor.shape) != shape:
+            raise ValueError(
+                f"{source}: {hf_name} has shape {tuple(tensor.shape)} but config.json implies {shape} "
+                f"(the weights do not belong to this config)"
+            )
+        state[name] = tensor.contiguous()
+    lm_head = tensors.pop("lm_head.weight", None)
+    if lm_head is not None and not torch.equal(lm_head, state["transformer.wte.weight"]):
+        raise ValueError(f"{source} has an output layer that differs from the token embedding; this model ties them")
+    if tensors:
+        raise ValueError(f"{source} holds tensors GPT-2 does not have: {', '.join(sorted(tensors)[:5])}")
+    state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def _is_mask_buffer(name: str) -> bool:
+    """h.N.attn.bias and h.N.attn.masked_bias: the causal mask older GPT-2 code stored with the weights."""
+    *_, module, tensor = name.split(".")
+    return module == "attn" and tensor in ("bias", "masked_bias")
+
+
+def _parameter_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every weight of GPT(config), without building it (the output layer,
+    tied to the token embedding, is left out)."""
+    with torch.device("meta"):
+        model = GPT(config)
+    return {name: tuple(p.shape) for name, p in model.state_dict().items() if name != "lm_head.weight"}
+
+
+def load_gpt2_dir(directory: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The config and state dict of the GPT-2 model in a Hugging Face directory."""
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise ValueError(f"{directory} has no config.json: it is not a Hugging Face model directory")
+    try:
+        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{config_path} is not valid JSON ({e})") from None
+    config = gpt_config_from_hf(hf_config, str(config_path))
+    weights_path, hf_tensors = _read_weights(directory)
+    return config, state_dict_from_hf(hf_tensors, config, str(weights_path))
+
+
+def _read_weights(directory: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    single = directory / "model.safetensors"
+    if single.is_file():
+        return single, read_safetensors(single)
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():  # a checkpoint split into shards
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        tensors = {}
+        for shard in shards:
+            tensors.update(read_safetensors(directory / shard))
+        return index, tensors
+    pickled = directory / "pytorch_model.bin"
+    if pickled.is_file():
+        return pickled, torch.load(pickled, map_location="cpu", weights_only=True)
+    raise ValueError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+
+
+def hf_config(config: GPTConfig, eos_token_id: int | None) -> dict:
+    """config.json for transformers' GPT2LMHeadModel. A model without biases is exported with zero
+    biases, which computes the same function."""
+    hf = {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_embd": config.n_embd,
+        "n_positions": config.block_size,
+        "n_ctx": config.block_size,
+        "vocab_size": config.vocab_size,
+        "n_inner": None,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": LAYER_NORM_EPS,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "tie_word_embeddings": True,
+    }
+    if eos_token_id is not None:
+        hf["bos_token_id"] = hf["eos_token_id"] = eos_token_id
+    return hf
+
+
+def state_dict_to_hf(model: GPT) -> dict[str, torch.Tensor]:
+    """GPT-2's tensors for a model, as GPT2LMHeadModel.save_pretrained names them (the tied output
+    layer is left out)."""
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name == "lm_head.weight":
+            continue
+        tensors[name] = tensor.t() if name.endswith(CONV1D_WEIGHTS) else tensor
+    if not model.config.bias:
+        for name, shape in _parameter_shapes(GPTConfig(**{**vars(model.config), "bias": True})).items():
+            if name not in tensors:
+                tensors[name] = torch.zeros(shape, dtype=model.lm_head.weight.dtype)
+    return dict(sorted(tensors.items()))

@@ -1,0 +1,78 @@
+"""Hugging Face GPT-2 directories for training and sampling: load one to fine-tune or sample from,
+export a trained model to one. The file format itself is in model/hf_gpt2.py."""
+
+import dataclasses
+import json
+import pickle
+import struct
+from pathlib import Path
+
+import torch
+
+from data.files import atomic_open
+from data.tokenizer import GPT2Tokenizer, Tokenizer
+from errors import UserError
+from model import GPT, GPTConfig
+from model.hf_gpt2 import hf_config, load_gpt2_dir, state_dict_to_hf, write_safetensors
+from trainer.config import Config
+
+WEIGHTS_NAME = "model.safetensors"
+
+
+def load_gpt2(path: Path, key: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
+    """The config and weights of a GPT-2 directory; any problem is a UserError naming key and path."""
+    if not path.is_dir():
+        raise UserError(f"{key}={str(path)!r} is not a directory (give a Hugging Face GPT-2 directory)")
+    try:
+        return load_gpt2_dir(path)
+    except (ValueError, OSError, pickle.UnpicklingError, struct.error, KeyError) as e:
+        raise UserError(f"{key}={str(path)!r} cannot be loaded: {e}") from None
+
+
+def model_from_gpt2_dir(path: Path, key: str) -> tuple[GPT, Tokenizer]:
+    """The GPT-2 model in a directory (on the CPU, in eval mode) and GPT-2's BPE tokenizer."""
+    config, state = load_gpt2(path, key)
+    model = GPT(config)
+    model.load_state_dict(state)
+    return model.eval(), GPT2Tokenizer()
+
+
+def with_gpt2_shape(cfg: Config, gpt2: GPTConfig, dataset_meta: dict) -> Config:
+    """The run's config for fine-tuning the GPT-2 weights in train.init_from.
+
+    The model's shape (n_layer, n_head, n_embd, vocab_size, bias) is the directory's; model.block_size
+    may shorten its context (the position table is cropped); model.dropout is the run's own.
+    """
+    source = cfg.train.init_from
+    if dataset_meta["tokenizer"] != "gpt2":
+        raise UserError(
+            f"train.init_from={source!r} holds GPT-2 weights, which read GPT-2 BPE tokens, but "
+            f"data.dataset={cfg.data.dataset!r} was prepared with the {dataset_meta['tokenizer']!r} tokenizer "
+            f"(use a GPT-2 BPE dataset: the bundled 'shakespeare', or python data/prepare.py --tokenizer gpt2)"
+        )
+    if cfg.model.block_size > gpt2.block_size:
+        raise UserError(
+            f"model.block_size={cfg.model.block_size} is longer than the {gpt2.block_size} positions of the "
+            f"GPT-2 weights in train.init_from={source!r} (use at most {gpt2.block_size})"
+        )
+    shape = {name: getattr(gpt2, name) for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias")}
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
+
+
+def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
+    """The weights with the position table cut to the first block_size positions."""
+    return state | {"transformer.wpe.weight": state["transformer.wpe.weight"][:block_size]}
+
+
+def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
+    """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
+    loads. The weights keep their dtype; a model trained without biases gets zero biases."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--export={str(directory)!r} is a file, not a directory")
+    directory.mkdir(parents=True, exist_ok=True)
+    config = hf_config(model.config, tokenizer.eot_token)
+    config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    with atomic_open(directory / WEIGHTS_NAME) as f:
+        write_safetensors(state_dict_to_hf(model), f, metadata={"format": "pt"})
+    with atomic_open(directory / "config.json") as f:
+        f.write((json.dumps(config, indent=2) + "\n").encode("utf-8"))
