@@ -19,7 +19,6 @@ BPE models) or just before the first --stop string.
 """
 
 import argparse
-import codecs
 import sys
 from pathlib import Path
 
@@ -98,7 +97,7 @@ def parse_args() -> argparse.Namespace:
         help="torch.compile the one-token step (CUDA graphs on a GPU): a slow start, then faster tokens",
     )
     args = parser.parse_args()
-    args.stop = [codecs.decode(stop, "unicode_escape") for stop in args.stop]
+    args.stop = [unescape(stop) for stop in args.stop]
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
@@ -141,6 +140,12 @@ def load_model(args: argparse.Namespace) -> tuple[GPT, Tokenizer, Path]:
     checkpoint_path = run_dir / CHECKPOINT_NAME
     model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
     return model, tokenizer, checkpoint_path
+
+
+def unescape(text: str) -> str:
+    """Backslash escapes typed on the command line ("\\n", "\\t") become the characters; every other
+    character, ASCII or not, stands for itself."""
+    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
 
 
 def main() -> None:

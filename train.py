@@ -18,6 +18,7 @@ import sys
 from data.prepare import ensure_prepared
 from errors import run_cli
 from trainer.config import config_help, load_config
+from trainer.distributed import World
 from trainer.loop import Trainer
 
 
@@ -31,7 +32,8 @@ def main() -> None:
     parser.add_argument("--config", help="TOML config file (see configs/)")
     args, overrides = parser.parse_known_args()
     cfg = load_config(args.config, overrides)
-    ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
+    if World.from_env().local_rank == 0:  # one process per machine prepares; Trainer waits for it
+        ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
     stopped_by = Trainer(cfg).fit()
     if stopped_by is not None:
         sys.exit(128 + stopped_by)  # the shell's convention for "ended by this signal"

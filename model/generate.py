@@ -94,8 +94,9 @@ def generate(
     compile: run the one-token step through torch.compile (CUDA graphs on a GPU); the prompt and
     every re-encoding after the context slides run eagerly.
 
-    The decoding loop allocates no buffers: it writes into the preallocated token buffer and KV
-    cache, and its only wait for the device is copying each step's (B,) tokens to the host.
+    The KV cache is preallocated and written in place, and the loop's only wait for the device is
+    copying each step's (B,) tokens to the host. Sampling still makes small per-step tensors
+    (per row when each row has its own generator).
     """
     block_size = model.config.block_size
     B, width = prompt.shape

@@ -129,6 +129,7 @@ CATALOGUE = [
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
+    Case("export-a-char-level-model", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "this model reads 'char' tokens"),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
 ]  # fmt: skip
 

@@ -118,6 +118,14 @@ def test_sampling_ends_before_a_stop_string(trained):
     assert stopped.stdout == "ROMEO:" + continuation[: continuation.index(stop)] + "\n"
 
 
+def test_stop_strings_keep_non_ascii_characters_and_read_escapes():
+    from sample import unescape
+
+    assert unescape("é—¿") == "é—¿"
+    assert unescape("\\n\\nROMEO") == "\n\nROMEO"
+    assert unescape("tab\\there") == "tab\there"
+
+
 def test_bpe_sample_stops_at_end_of_text(bpe_data_dir, tmp_path):
     run_dir = tmp_path / "run"
     Trainer(

@@ -1,8 +1,10 @@
 """Nothing is lost when a run is killed, interrupted or diverges: it resumes exactly where its last
 checkpoint left it."""
 
+import dataclasses
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -104,6 +106,24 @@ def test_sigterm_and_ctrl_c_write_a_checkpoint_and_exit_cleanly(signum, config, 
     assert train_losses(tmp_path / "run") == uninterrupted
 
 
+def test_a_stop_at_an_evaluation_step_still_evaluates(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5))
+    train_step = trainer.train_step
+
+    def signalled_at_step_10(lr):
+        loss = train_step(lr)
+        if trainer.step == 9:  # the step being taken is step 10
+            signal.raise_signal(signal.SIGTERM)
+        return loss
+
+    trainer.train_step = signalled_at_step_10
+    assert trainer.fit() == signal.SIGTERM
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [r["step"] for r in map(json.loads, lines) if "val_loss" in r] == [0, 5, 10]
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 10
+
+
 def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5))
@@ -126,6 +146,13 @@ def test_keep_checkpoints_keeps_the_last_k_beside_the_latest(tmp_path, data_dir)
     assert sorted(p.name for p in run_dir.glob("ckpt*")) == ["ckpt.pt", "ckpt_00000015.pt", "ckpt_00000020.pt"]
     assert (run_dir / "ckpt.pt").read_bytes() == (run_dir / "ckpt_00000020.pt").read_bytes()
     assert load_checkpoint(run_dir / "ckpt_00000015.pt")["step"] == 15
+
+    # go back to step 15 and train on: the abandoned step 20 is dropped, not kept as the newest
+    (run_dir / "ckpt.pt").unlink()
+    shutil.copyfile(run_dir / "ckpt_00000015.pt", run_dir / "ckpt.pt")
+    Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="resume", max_iters=25))).fit()
+    assert sorted(p.name for p in run_dir.glob("ckpt*")) == ["ckpt.pt", "ckpt_00000020.pt", "ckpt_00000025.pt"]
+    assert load_checkpoint(run_dir / "ckpt_00000020.pt")["step"] == 20
 
 
 def test_resume_restores_every_random_number_generator(tmp_path, data_dir):

@@ -25,7 +25,9 @@ REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
 
 def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
     """Write state to path (ckpt.pt). With keep > 1 the same file is also kept as ckpt_STEP.pt
-    beside it, and only the newest `keep` of those remain: older weights to go back to."""
+    beside it (ckpt.pt is a hard link to it), and only the newest `keep` of those remain: older
+    weights to go back to. To resume from one, copy it over ckpt.pt with `cp --remove-destination`
+    (a plain cp would write through the link into the newest ckpt_STEP.pt)."""
     if keep == 1:
         with atomic_open(path) as f:
             torch.save(state, f)
@@ -34,7 +36,10 @@ def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
     with atomic_open(step_path) as f:
         torch.save(state, f)
     _replace_with_copy(step_path, path)
-    for old in sorted(path.parent.glob(f"{path.stem}_*{path.suffix}"))[:-keep]:
+    written = sorted(path.parent.glob(f"{path.stem}_*{path.suffix}"))  # zero-padded steps: in step order
+    # a run resumed from an older checkpoint abandons those after it
+    abandoned = [p for p in written if p.name > step_path.name]
+    for old in abandoned + [p for p in written if p.name <= step_path.name][:-keep]:
         old.unlink()
 
 

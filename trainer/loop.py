@@ -38,6 +38,7 @@ class Trainer:
                 "sharded gradients): use bfloat16 or float32, or parallelism='ddp'"
             )
         self.world.start(self.device)
+        self.world.barrier()  # until local rank 0 has prepared a bundled dataset (train.py)
         self.run_dir = Path(train.out_dir)
         checkpoint = self._open_run_dir(train)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
@@ -106,20 +107,24 @@ class Trainer:
                     loss = self.train_step(lr)
                     self.step += 1
                     progress.update()
-                    if self.step % train.log_interval == 0:
+                    logged = self.step % train.log_interval == 0
+                    if logged:
                         self._log_step(loss, lr, throughput, progress)
-                        if self.world.any(stop.signal is not None, self.device):
-                            self.save()
-                            self._print(
-                                f"stopped by {signal.Signals(stop.signal or signal.SIGTERM).name} at step "
-                                f"{self.step}; checkpoint in {self.run_dir / CHECKPOINT_NAME} (continue with "
-                                f"--config {self.run_dir / 'config.toml'} --train.init_from=resume)"
-                            )
-                            return stop.signal or signal.SIGTERM
-                    if self.step % train.eval_interval == 0 or self.step == train.max_iters:
+                    saved = self.step % train.eval_interval == 0 or self.step == train.max_iters
+                    if saved:
                         self._evaluate(progress.write)
                         self.save()
                         throughput.restart(self.step)  # evaluation time is not training time
+                    if logged and self.world.any(stop.signal is not None, self.device):
+                        if not saved:
+                            self.save()
+                        signum = stop.signal or signal.SIGTERM  # another process may have had it
+                        self._print(
+                            f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
+                            f"{self.run_dir / CHECKPOINT_NAME} (continue with --config "
+                            f"{self.run_dir / 'config.toml'} --train.init_from=resume)"
+                        )
+                        return signum
         finally:
             progress.close()
             if self.log is not None:

@@ -67,6 +67,11 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
     loads. The weights keep their dtype; a model trained without biases gets zero biases."""
+    if tokenizer.name != "gpt2":
+        raise UserError(
+            f"--export writes a GPT-2 directory, whose readers use GPT-2 BPE, but this model reads "
+            f"{tokenizer.name!r} tokens (export a model trained on a GPT-2 BPE dataset)"
+        )
     if directory.exists() and not directory.is_dir():
         raise UserError(f"--export={str(directory)!r} is a file, not a directory")
     directory.mkdir(parents=True, exist_ok=True)
