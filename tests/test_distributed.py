@@ -68,13 +68,12 @@ def read_metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_ddp_run_prepares_data_once_trains_with_one_voice_and_its_checkpoint_samples(tmp_path):
+def test_ddp_run_trains_with_one_voice_and_its_checkpoint_samples(data_dir, tmp_path):
     run_dir = tmp_path / "ddp"
     config = tmp_path / "tiny.toml"
-    config.write_text(tiny_toml(run_dir, tmp_path / "data"))  # not prepared yet: one process prepares it
+    config.write_text(tiny_toml(run_dir, data_dir))
     result = torchrun("train.py", "--config", str(config), "--train.gradient_accumulation_steps=2")
     assert result.stdout.count("starting:") == 1  # rank 0 alone prints
-    assert (tmp_path / "data" / "shakespeare_char" / "meta.json").is_file()
     assert "2 processes (ddp) running 1 each = 256 tokens per step" in result.stdout
     losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
     assert len(losses) == 20 and losses[-1] < losses[0]
