@@ -12,6 +12,9 @@ and then --repeats times; the table gives the fastest run.
 
 The no-cache path re-encodes the whole context for every token, so its cost grows with the square
 of the length: it is measured at batch 1 only (at batch 8 it would take most of the time budget).
+
+The "matrix products only" row is a floor for any sampler on these weights: the step's 49 weight
+products (4 per block and the output layer), and nothing else, --new-tokens times.
 """
 
 import argparse
@@ -105,11 +108,21 @@ def configurations(ours: GPT, reference, prompt: torch.Tensor, new_tokens: int, 
                 min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0,
             )  # fmt: skip
 
+    linears = [module for module in ours.modules() if isinstance(module, torch.nn.Linear)]
+    inputs = {n: torch.randn(prompt.size(0), n, device=prompt.device) for n in {m.in_features for m in linears}}
+
+    def products_only():
+        with torch.no_grad():
+            for _ in range(new_tokens):
+                for linear in linears:
+                    linear(inputs[linear.in_features])
+
     runs = [("transformers generate", "yes", "eager", reference_run), ("ours", "yes", "eager", ours_run(True))]
     if not no_compile:
         runs.append(("ours", "yes", "compiled", ours_run(True, compile=True)))
     if prompt.size(0) == 1:
         runs.append(("ours", "no", "eager", ours_run(False)))
+    runs.append(("matrix products only (floor)", "-", "eager", products_only))
     return runs
 
 

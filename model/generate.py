@@ -94,9 +94,11 @@ def generate(
     compile: run the one-token step through torch.compile (CUDA graphs on a GPU); the prompt and
     every re-encoding after the context slides run eagerly.
 
-    The KV cache is preallocated and written in place, and the loop's only wait for the device is
-    copying each step's (B,) tokens to the host. Sampling still makes small per-step tensors
-    (per row when each row has its own generator).
+    The KV cache is preallocated and written in place (static, read whole and masked, when
+    compiling), and the loop's only wait for the device is copying each step's (B,) tokens to the
+    host. Sampling still makes small per-step tensors (per row when each row has its own generator).
+    A compiled step is specialised to the batch size (its cache always holds block_size positions):
+    a call with another batch size compiles again.
     """
     block_size = model.config.block_size
     B, width = prompt.shape
@@ -112,7 +114,9 @@ def generate(
     tokens[:, :width] = prompt
     length = width
     window = width - min(starts)  # the longest context
-    cache = model.new_cache(B, min(block_size, window + max_new_tokens)) if use_cache else None
+    # a compiled step is specialised to the cache's shape: one at block_size serves every call of this batch size
+    max_len = block_size if compile else min(block_size, window + max_new_tokens)
+    cache = model.new_cache(B, max_len, static=compile) if use_cache else None
     # the one-token step: CUDA graphs replay it without launching each kernel from Python
     mode = "reduce-overhead" if prompt.device.type == "cuda" else None
     step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
@@ -131,7 +135,7 @@ def generate(
             return
         new_starts = [slide_context(start, length, block_size) for start in starts]
         if cache is not None and new_starts == starts:
-            logits, _ = step(tokens[:, length - 1 : length], cache=cache, pad=window_pad)
+            logits, _ = step(next_token.view(B, 1), cache=cache, pad=window_pad)
         else:
             starts = new_starts
             logits, window_pad = _encode(model, tokens, starts, length, cache)

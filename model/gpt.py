@@ -98,10 +98,12 @@ class GPT(nn.Module):
         else:
             cache.claim(T)  # raises past cache.max_len, which new_cache keeps within block_size
             slots = cache.slots(T)  # (T,)
-            kv_len = cache.max_len
-        # Only a plain full sequence can use the fused causal kernel; cached or padded calls need
-        # an explicit mask over the key slots.
-        mask = None if cache is None and pad is None else padded_causal_mask(slots, kv_len, pad)
+            kv_len = cache.kv_len
+        # Without padding, the queries are the last T of the kv_len keys, and attention builds the
+        # causal mask itself (or needs none); padding, or a static cache's unwritten slots, need an
+        # explicit mask over the key slots.
+        needs_mask = pad is not None or (cache is not None and cache.static)
+        mask = padded_causal_mask(slots, kv_len, pad) if needs_mask else None
         pos = slots if pad is None else (slots - pad[:, None]).clamp(min=0)  # (T,) or (B, T); padding at 0
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
@@ -116,17 +118,16 @@ class GPT(nn.Module):
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return logits, loss
 
-    def new_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+    def new_cache(self, batch_size: int, max_len: int | None = None, static: bool = False) -> KVCache:
         """An empty KV cache for batch_size sequences of up to max_len (default and at most
-        block_size) tokens, on the model's device and in its dtype."""
+        block_size) tokens, on the model's device and in its dtype. static: attention reads every
+        slot, masked, so that each step has the same shapes (for torch.compile); see KVCache."""
         cfg = self.config
         max_len = max_len or cfg.block_size
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.lm_head.weight
-        return KVCache(
-            cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, device=weight.device, dtype=weight.dtype
-        )
+        return KVCache(cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, weight.device, weight.dtype, static)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. The tied token embedding counts once (it is also the output layer);

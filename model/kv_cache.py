@@ -4,9 +4,12 @@ Without a cache every new token re-runs attention over the whole sequence; with 
 computes keys and values for the new token only and reads the earlier ones back, so a step costs
 O(n) instead of O(n^2) in the length n so far.
 
-The cache has a fixed shape: attention always reads all max_len slots, and a mask hides the slots
-not written yet. Every decoding step therefore runs the same tensor shapes on the same buffers,
-which is what lets `torch.compile` (and CUDA graphs) capture one step and replay it.
+The buffers are allocated once, for max_len positions, and written in place. Attention reads
+either the slots written so far (the default: no mask needed, and the least memory traffic, which
+is what eager decoding on a CPU is bound by) or, with `static=True`, all max_len slots with a mask
+hiding the ones not written yet. A static cache makes every decoding step run the same tensor
+shapes on the same buffers, which is what lets `torch.compile` (and CUDA graphs) capture one step
+and replay it.
 """
 
 import torch
@@ -29,16 +32,20 @@ class KVCache:
         max_len: int,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        static: bool = False,
     ):
-        shape = (n_layer, batch_size, n_head, max_len, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # one (B, H, max_len, D) tensor per layer: torch.compile writes a whole tensor in place, but a
+        # write into a view of a larger one (a layer of a stacked buffer) would copy that buffer
+        shape = (batch_size, n_head, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
+        self.static = static
         self.pos = 0  # slots claimed so far, counted on the host: checking room never waits for the device
         self.next_slot = torch.zeros(1, dtype=torch.long, device=device)  # the same count, on the device
         # The buffers stay at fixed addresses and are updated in place, so compiled steps (CUDA graphs
         # included) may read and write them directly instead of copying them in and out.
-        for buffer in (self.k, self.v, self.next_slot):
+        for buffer in (*self.k, *self.v, self.next_slot):
             torch._dynamo.mark_static_address(buffer)
 
     @torch.compiler.disable  # host-side bookkeeping: keeps the changing count out of compiled graphs
@@ -51,20 +58,35 @@ class KVCache:
             )
         self.pos = end
 
+    @property
+    def kv_len(self) -> int:
+        """How many slots attention reads: all of them when static, else those claimed so far."""
+        return self.max_len if self.static else self.pos
+
     def slots(self, n_tokens: int) -> torch.Tensor:
-        """(n_tokens,) the slots the current call writes, computed on the device."""
-        return self.next_slot + torch.arange(n_tokens, device=self.next_slot.device)
+        """(n_tokens,) the slots the current call writes (claimed last), computed on the device when
+        static."""
+        if self.static:
+            return self.next_slot + torch.arange(n_tokens, device=self.next_slot.device)
+        return torch.arange(self.pos - n_tokens, self.pos, device=self.next_slot.device)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write (B, H, T, D) keys and values into the current call's slots; return the layer's whole
-        buffers, (B, H, max_len, D) (the caller masks the slots not written yet)."""
-        slots = self.slots(k.size(2))
-        self.k[layer].index_copy_(2, slots, k)
-        self.v[layer].index_copy_(2, slots, v)
-        return self.k[layer], self.v[layer]
+        """Write (B, H, T, D) keys and values into the current call's slots; return the layer's
+        keys and values over kv_len slots, (B, H, kv_len, D) (when static, the caller masks the
+        slots not written yet)."""
+        if self.static:
+            slots = self.slots(k.size(2))
+            self.k[layer][:, :, slots] = k
+            self.v[layer][:, :, slots] = v
+            return self.k[layer], self.v[layer]
+        start = self.pos - k.size(2)
+        self.k[layer][:, :, start : self.pos] = k
+        self.v[layer][:, :, start : self.pos] = v
+        return self.k[layer][:, :, : self.pos], self.v[layer][:, :, : self.pos]
 
     def advance(self, n_tokens: int) -> None:
-        self.next_slot += n_tokens
+        if self.static:
+            self.next_slot += n_tokens
 
     def reset(self) -> None:
         """Forget the cached tokens; the memory is kept and overwritten."""

@@ -23,15 +23,18 @@ def test_left_pad_right_aligns_rows_and_reports_the_padding():
     assert pad == [2, 0, 3]
 
 
-@pytest.mark.parametrize("use_cache", [True, False])
-def test_padded_rows_give_the_logits_of_the_row_alone(use_cache):
+@pytest.mark.parametrize("cache", ["none", "written-slots", "static"])
+def test_padded_rows_give_the_logits_of_the_row_alone(cache):
     model = tiny_model(VOCAB, BLOCK)
     batch, pad = left_pad(PROMPTS)
-    cache = model.new_cache(len(PROMPTS)) if use_cache else None
-    logits, _ = model(batch, cache=cache, pad=torch.tensor(pad))
+    kv_cache = None if cache == "none" else model.new_cache(len(PROMPTS), static=cache == "static")
+    logits, _ = model(batch, cache=kv_cache, pad=torch.tensor(pad))
+    if kv_cache is not None:  # and one more token through the cache
+        next_logits, _ = model(torch.full((len(PROMPTS), 1), 3), cache=kv_cache, pad=torch.tensor(pad))
+        logits = torch.cat([logits, next_logits], dim=1)
     for row, ids in enumerate(PROMPTS):
-        alone, _ = model(torch.tensor([ids]))
-        torch.testing.assert_close(logits[row, pad[row] :], alone[0], rtol=0, atol=1e-5)
+        alone, _ = model(torch.tensor([ids + [3]]))
+        torch.testing.assert_close(logits[row, pad[row] :], alone[0, : logits.size(1) - pad[row]], rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("use_cache", [True, False])
@@ -83,3 +86,6 @@ def test_compiled_one_token_step_gives_the_eager_tokens_without_recompiling(monk
     eager = run(model, PROMPTS, 2 * BLOCK, temperature=0)
     compiled = run(model, PROMPTS, 2 * BLOCK, temperature=0, compile=True)
     assert compiled == eager
+    # other prompt lengths and sample lengths, the same batch size: the compiled step is reused
+    other_prompts = [[1, 2], [3], [4, 5, 6, 7]]
+    assert run(model, other_prompts, 5, temperature=0, compile=True) == run(model, other_prompts, 5, temperature=0)

@@ -11,22 +11,23 @@ VOCAB = 50
 BLOCK = 32
 
 
-def decode_with_cache(model, idx: torch.Tensor, prompt_len: int) -> torch.Tensor:
+def decode_with_cache(model, idx: torch.Tensor, prompt_len: int, static: bool = False) -> torch.Tensor:
     """Logits for every position of idx: the prompt in one forward pass, then one token at a time."""
-    cache = model.new_cache(idx.size(0))
+    cache = model.new_cache(idx.size(0), static=static)
     pieces = [model(idx[:, :prompt_len], cache=cache)[0]]
     for t in range(prompt_len, idx.size(1)):
         pieces.append(model(idx[:, t : t + 1], cache=cache)[0])
     return torch.cat(pieces, dim=1)
 
 
+@pytest.mark.parametrize("static", [False, True], ids=["written-slots", "static"])
 @pytest.mark.parametrize("prompt_len", [1, 2, 7, 31, 32])
-def test_cached_decoding_reproduces_full_forward_logits(prompt_len):
+def test_cached_decoding_reproduces_full_forward_logits(prompt_len, static):
     model = tiny_model(VOCAB, BLOCK)
     torch.manual_seed(1)
     idx = torch.randint(0, VOCAB, (3, BLOCK))
     full, _ = model(idx)
-    cached = decode_with_cache(model, idx, prompt_len)
+    cached = decode_with_cache(model, idx, prompt_len, static)
     assert (cached - full).abs().max().item() < 1e-5
 
 
