@@ -2,6 +2,7 @@
 
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 
 class UserError(Exception):
@@ -14,14 +15,16 @@ class ConfigError(UserError):
     """A config file or command-line override that cannot be used."""
 
 
-def run_cli(main: Callable[[], None]) -> None:
-    """Run an entry point: a UserError becomes one line on stderr and exit status 2, Ctrl-C exit 130."""
+def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sys.exit) -> NoReturn:
+    """Run an entry point and end the process with exit(status): main's own status (None is 0), or
+    for a UserError one line on stderr and status 2, for Ctrl-C status 130."""
     try:
-        main()
+        status = main() or 0
     except UserError as e:
         message = str(e).replace("\n", " ")
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+        status = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        sys.exit(130)
+        status = 130
+    exit(status)

@@ -6,6 +6,9 @@
     python sample.py --out-dir out/shakespeare_gpt2 --export exported/   # for transformers
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
+On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
+faster in float32 (not with --compile, which cannot trace them); the start-up line says which
+products are used.
 The model sees at most block_size tokens: once a sample grows past that, the context slides, the
 last block_size // 2 tokens are encoded afresh and generation goes on, so each new token sees
 between block_size // 2 and block_size tokens. A prompt longer than block_size is an error.
@@ -26,7 +29,7 @@ import torch
 
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
-from model import GPT, generate, left_pad
+from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.pretrained import export_gpt2, model_from_gpt2_dir
 from trainer.runtime import resolve_device, resolve_dtype
@@ -94,7 +97,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the one-token step (CUDA graphs on a GPU): a slow start, then faster tokens",
+        help="torch.compile the one-token step, with CUDA graphs on a GPU: a slow start, then faster tokens "
+        "(on a CPU the default, eager step over packed linear layers is faster)",
     )
     args = parser.parse_args()
     args.stop = [unescape(stop) for stop in args.stop]
@@ -142,6 +146,19 @@ def load_model(args: argparse.Namespace) -> tuple[GPT, Tokenizer, Path]:
     return model, tokenizer, checkpoint_path
 
 
+def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
+    """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
+    in float32 (see model/packed_linear.py). Returns how the matrix products run, for the start-up
+    line."""
+    if compile:
+        return "nn.Linear products (torch.compile cannot trace packed layers)"
+    reason = packing_unavailable(device, dtype)
+    if reason is not None:
+        return "nn.Linear products" if device.type != "cpu" else f"nn.Linear products ({reason})"
+    pack_linears(model)
+    return "linear layers packed for oneDNN"
+
+
 def unescape(text: str) -> str:
     """Backslash escapes typed on the command line ("\\n", "\\t") become the characters; every other
     character, ASCII or not, stands for itself."""
@@ -158,6 +175,7 @@ def main() -> None:
         print(f"wrote {source} as a Hugging Face GPT-2 model to {args.export}", file=sys.stderr)
         return
     model.to(device=device, dtype=dtype)
+    products = prepare_products(model, device, dtype, args.compile)
 
     prompts = read_prompts(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
     block_size = model.config.block_size
@@ -170,7 +188,7 @@ def main() -> None:
                 f"tokens (shorten the prompt)"
             )
         rows += [(prompt, prompt_ids)] * args.num_samples
-    print(f"sampling from {source} on {device.type}", file=sys.stderr)
+    print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):
         batch = rows[first : first + args.batch_size]
         generators = [torch.Generator(device=device).manual_seed(args.seed + first + i) for i in range(len(batch))]

@@ -13,7 +13,6 @@ Several processes, one per GPU (or CPU processes with gloo), with train.parallel
 """
 
 import argparse
-import sys
 
 from data.prepare import ensure_prepared
 from errors import run_cli
@@ -22,7 +21,7 @@ from trainer.distributed import World
 from trainer.loop import Trainer
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
         epilog="config keys (section.key, type, default, meaning):\n" + config_help(),
@@ -35,9 +34,8 @@ def main() -> None:
     if World.from_env().local_rank == 0:  # one process per machine prepares; Trainer waits for it
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
     stopped_by = Trainer(cfg).fit()
-    if stopped_by is not None:
-        sys.exit(128 + stopped_by)  # the shell's convention for "ended by this signal"
+    return 0 if stopped_by is None else 128 + stopped_by  # the shell's convention for "ended by this signal"
 
 
 if __name__ == "__main__":
-    run_cli(main)
+    run_cli(main, exit=World.from_env().exit)  # under torchrun, World.exit skips the interpreter's shutdown

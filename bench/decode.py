@@ -5,19 +5,27 @@
 
 Weights are random (speed does not depend on their values) and shared: transformers' GPT2LMHeadModel
 is built first and its weights are loaded into ours. Both decode greedily for exactly --new-tokens
-tokens from the same random prompts, with the same torch thread count, in one process. A row's time
-covers the whole call, prompt encoding included; tokens/s counts new tokens over all rows, ms/token
-is the time per decoding step. Each configuration runs once untimed (for warm-up and compilation)
-and then --repeats times; the table gives the fastest run.
+tokens from the same random prompts, with the same torch thread count and dtype, in one process. A
+row's time covers the whole call, prompt encoding included; tokens/s counts new tokens over all rows,
+ms/token is the time per decoding step. Each configuration runs once untimed (for warm-up and
+compilation) and then --repeats times; the table gives the fastest run.
+
+On a CPU our sampler runs as sample.py runs it: with its linear layers packed for oneDNN
+(model/packed_linear.py). The same sampler with plain nn.Linear layers (as under --compile) is
+timed too, so the table shows what the packing does and what the rest of the sampler does.
 
 The no-cache path re-encodes the whole context for every token, so its cost grows with the square
 of the length: it is measured at batch 1 only (at batch 8 it would take most of the time budget).
 
-The "matrix products only" row is a floor for any sampler on these weights: the step's 49 weight
-products (4 per block and the output layer), and nothing else, --new-tokens times.
+The "matrix products only" rows are a floor for a sampler using those products: the step's 49
+weight products (4 per block and the output layer), and nothing else, --new-tokens times. Below the
+table, an estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth
+of a sum over a 1 GiB buffer (far larger than the caches). Well-tuned products can read faster than
+that sum does, so compare with the products-only row too.
 """
 
 import argparse
+import copy
 import os
 import platform
 import sys
@@ -28,9 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from model import GPT  # noqa: E402
+from model import GPT, PackedLinear, pack_linears, packing_unavailable  # noqa: E402
 from model.generate import generate  # noqa: E402
 from model.hf_gpt2 import gpt_config_from_hf, state_dict_from_hf  # noqa: E402
+from trainer.runtime import DTYPES  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,21 +51,26 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per configuration (default: 1)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="both models' dtype (default: float32)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
     return parser.parse_args()
 
 
-def build_models(small: bool, device: torch.device):
+def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple[GPT, GPT | None, torch.nn.Module]:
+    """transformers' model, ours with the same weights, and ours with its linear layers packed (None
+    where packing does not apply)."""
     import transformers
 
     shape = dict(n_layer=2, n_head=2, n_embd=128) if small else dict(n_layer=12, n_head=12, n_embd=768)
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(n_positions=1024, vocab_size=50257, **shape)
-    reference = transformers.GPT2LMHeadModel(hf_config).eval().to(device)
+    reference = transformers.GPT2LMHeadModel(hf_config).eval().to(device=device, dtype=dtype)
     config = gpt_config_from_hf(hf_config.to_dict(), "the benchmark's GPT2Config")
     ours = GPT(config)
     ours.load_state_dict(state_dict_from_hf(reference.state_dict(), config, "the benchmark's model"))
-    return ours.eval().to(device), reference
+    ours.eval().to(device=device, dtype=dtype)
+    packed = None if packing_unavailable(device, dtype) else pack_linears(copy.deepcopy(ours))
+    return ours, packed, reference
 
 
 def time_call(run, device: torch.device, repeats: int) -> float:
@@ -73,33 +87,50 @@ def time_call(run, device: torch.device, repeats: int) -> float:
     return best
 
 
+def read_bandwidth(device: torch.device) -> float:
+    """Bytes per second that a sum over a 1 GiB buffer reads (fastest of 5)."""
+    buffer = torch.ones(2**28, device=device)
+    return buffer.numel() * buffer.element_size() / time_call(buffer.sum, device, repeats=5)
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+    device, dtype = torch.device(args.device), DTYPES[args.dtype]
     new_tokens = args.new_tokens or (32 if args.small else 256)
-    ours, reference = build_models(args.small, device)
+    ours, packed, reference = build_models(args.small, device, dtype)
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"{args.threads} threads, device {device}; model {ours.num_params() / 1e6:.0f}M parameters (fp32), "
+        f"{args.threads} threads, device {device}; model {ours.num_params() / 1e6:.0f}M parameters ({args.dtype}), "
         f"prompt {args.prompt_len} tokens, {new_tokens} new tokens",
         file=sys.stderr,
     )
     rows = []
     for batch_size in args.batch_sizes:
         prompt = torch.randint(0, 50257, (batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1))
-        for name, cache, mode, run in configurations(ours, reference, prompt.to(device), new_tokens, args.no_compile):
+        runs = configurations(ours, packed, reference, prompt.to(device), new_tokens, args.no_compile)
+        for name, cache, mode, products, run in runs:
             seconds = time_call(run, device, args.repeats)
-            rows.append((name, batch_size, cache, mode, seconds))
-            print(f"  {name}, batch {batch_size}, cache {cache}, {mode}: {seconds:.2f} s", file=sys.stderr)
+            rows.append((name, batch_size, cache, mode, products, seconds))
+            print(f"  {name}, batch {batch_size}, cache {cache}, {mode}, {products}: {seconds:.2f} s", file=sys.stderr)
     print_table(rows, new_tokens)
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - ours.transformer.wpe.weight.nbytes
+    bandwidth = read_bandwidth(device)
+    bound_ms = 1000 * weight_bytes / bandwidth
+    print(
+        f"\nMemory bound at batch 1 (estimate): {weight_bytes / 1e6:.0f} MB of weights per step at the "
+        f"{bandwidth / 1e9:.1f} GB/s that a sum over 1 GiB reads = {bound_ms:.1f} ms/token, "
+        f"{1000 / bound_ms:.1f} tokens/s."
+    )
 
 
-def configurations(ours: GPT, reference, prompt: torch.Tensor, new_tokens: int, no_compile: bool) -> list:
-    """(implementation, KV cache, mode, function to time) for one batch of prompts."""
+def configurations(
+    ours: GPT, packed: GPT | None, reference: torch.nn.Module, prompt: torch.Tensor, new_tokens: int, no_compile: bool
+) -> list:
+    """(implementation, KV cache, mode, matrix products, function to time) for one batch of prompts."""
 
-    def ours_run(use_cache: bool, compile: bool = False):
-        return lambda: list(generate(ours, prompt, new_tokens, temperature=0, use_cache=use_cache, compile=compile))
+    def ours_run(model: GPT, use_cache: bool = True, compile: bool = False):
+        return lambda: list(generate(model, prompt, new_tokens, temperature=0, use_cache=use_cache, compile=compile))
 
     def reference_run():
         with torch.no_grad():
@@ -108,36 +139,55 @@ def configurations(ours: GPT, reference, prompt: torch.Tensor, new_tokens: int, 
                 min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0,
             )  # fmt: skip
 
-    linears = [module for module in ours.modules() if isinstance(module, torch.nn.Linear)]
-    inputs = {n: torch.randn(prompt.size(0), n, device=prompt.device) for n in {m.in_features for m in linears}}
+    def products_only(model: GPT):
+        layers = [m for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear))]
+        dtype = model.transformer.wte.weight.dtype
+        widths = {layer.in_features for layer in layers}
+        inputs = {n: torch.randn(prompt.size(0), 1, n, device=prompt.device, dtype=dtype) for n in widths}
 
-    def products_only():
-        with torch.no_grad():
-            for _ in range(new_tokens):
-                for linear in linears:
-                    linear(inputs[linear.in_features])
+        def run():
+            with torch.no_grad():
+                for _ in range(new_tokens):
+                    for layer in layers:
+                        layer(inputs[layer.in_features])
 
-    runs = [("transformers generate", "yes", "eager", reference_run), ("ours", "yes", "eager", ours_run(True))]
+        return run
+
+    fastest = packed if packed is not None else ours  # what sample.py decodes with on this device
+    fastest_products = "oneDNN packed" if packed else "nn.Linear"
+    runs = [
+        ("transformers generate", "yes", "eager", "transformers", reference_run),
+        ("ours", "yes", "eager", fastest_products, ours_run(fastest)),
+    ]
+    if packed is not None:
+        runs.append(("ours", "yes", "eager", "nn.Linear", ours_run(ours)))
     if not no_compile:
-        runs.append(("ours", "yes", "compiled", ours_run(True, compile=True)))
+        runs.append(("ours", "yes", "compiled", "nn.Linear", ours_run(ours, compile=True)))
     if prompt.size(0) == 1:
-        runs.append(("ours", "no", "eager", ours_run(False)))
-    runs.append(("matrix products only (floor)", "-", "eager", products_only))
+        runs.append(("ours", "no", "eager", fastest_products, ours_run(fastest, use_cache=False)))
+    runs.append(("matrix products only (floor)", "-", "eager", fastest_products, products_only(fastest)))
+    if packed is not None:
+        runs.append(("matrix products only (floor)", "-", "eager", "nn.Linear", products_only(ours)))
     return runs
 
 
 def print_table(rows, new_tokens: int) -> None:
-    columns = ["implementation", "batch", "KV cache", "mode", f"seconds for {new_tokens} tokens", "tokens/s"]
-    columns += ["ms/token", "vs transformers"]
+    columns = ["implementation", "batch", "KV cache", "mode", "matrix products", f"seconds for {new_tokens} tokens"]
+    columns += ["tokens/s", "ms/token", "vs transformers"]
     print("| " + " | ".join(columns) + " |")
     print("|" + " --- |" * len(columns))
-    reference = {batch: seconds for name, batch, _, _, seconds in rows if name.startswith("transformers")}
-    for name, batch, cache, mode, seconds in rows:
+    reference = {row[1]: row[-1] for row in rows if row[0].startswith("transformers")}
+    for name, batch, cache, mode, products, seconds in rows:
         tokens_per_sec, ms_per_token = batch * new_tokens / seconds, 1000 * seconds / new_tokens
         print(
-            f"| {name} | {batch} | {cache} | {mode} | {seconds:.2f} | {tokens_per_sec:.1f} | {ms_per_token:.1f} | "
-            f"{reference[batch] / seconds:.2f}x |"
+            f"| {name} | {batch} | {cache} | {mode} | {products} | {seconds:.2f} | {tokens_per_sec:.1f} | "
+            f"{ms_per_token:.1f} | {reference[batch] / seconds:.2f}x |"
         )
+    eager = {(row[1], row[4]): row[-1] for row in rows if row[0] == "ours" and row[3] == "eager" and row[2] == "yes"}
+    for name, batch, cache, _, products, seconds in rows:
+        if name == "ours" and cache == "no":
+            speedup = seconds / eager[batch, products]
+            print(f"\nWith the KV cache ({products}, batch {batch}): {speedup:.1f}x the tokens/s without it.")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ class GPT(nn.Module):
         max_len = max_len or cfg.block_size
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
-        weight = self.lm_head.weight
+        weight = self.transformer.wte.weight  # not lm_head's: packed for inference, it has no .weight
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, weight.device, weight.dtype, static)
 
     def num_params(self, non_embedding: bool = True) -> int:

@@ -42,6 +42,7 @@ def main(parallelism: str, data_dir: str, out_path: str) -> None:
             out_path,
         )
     world.stop()
+    world.exit(0)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 import pytest
 import torch
 
+from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.loop import Trainer
@@ -50,6 +51,8 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
     assert result.stdout.startswith("ROMEO:")
     assert len(result.stdout) == len("ROMEO:") + 100 + 1  # 100 characters past a 32-token context, then a newline
     assert "out/tiny/ckpt.pt" in result.stderr
+    if packing_unavailable(torch.device("cpu"), torch.float32) is None:
+        assert "on cpu, linear layers packed for oneDNN" in result.stderr
 
 
 def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):

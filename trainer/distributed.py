@@ -10,7 +10,9 @@ identity.
 
 import contextlib
 import os
+import sys
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -83,6 +85,21 @@ class World:
     def stop(self) -> None:
         if self.launched and dist.is_initialized():
             dist.destroy_process_group()
+
+    def exit(self, status: int) -> NoReturn:
+        """End the process with this exit status once its work is done and its files are closed.
+
+        A torchrun process skips the interpreter's shutdown: with FSDP on gloo the process group
+        outlives destroy_process_group (its worker threads keep running), and a worker thread still
+        releasing the tensors of a finished collective when the interpreter shuts down needs the
+        interpreter lock, cannot get it, and aborts the process ("terminate called without an
+        active exception", SIGABRT) after all its work was done, which torchrun reports as a failure.
+        """
+        if not self.launched:
+            sys.exit(status)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
     def barrier(self) -> None:
         if self.launched:
