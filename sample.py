@@ -154,7 +154,7 @@ def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compi
         return "nn.Linear products (torch.compile cannot trace packed layers)"
     reason = packing_unavailable(device, dtype)
     if reason is not None:
-        return "nn.Linear products" if device.type != "cpu" else f"nn.Linear products ({reason})"
+        return f"nn.Linear products ({reason})"
     pack_linears(model)
     return "linear layers packed for oneDNN"
 

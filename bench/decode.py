@@ -154,7 +154,7 @@ def configurations(
         return run
 
     fastest = packed if packed is not None else ours  # what sample.py decodes with on this device
-    fastest_products = "oneDNN packed" if packed else "nn.Linear"
+    fastest_products = "nn.Linear" if packed is None else "oneDNN packed"
     runs = [
         ("transformers generate", "yes", "eager", "transformers", reference_run),
         ("ours", "yes", "eager", fastest_products, ours_run(fastest)),
