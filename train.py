@@ -13,6 +13,7 @@ Several processes, one per GPU (or CPU processes with gloo), with train.parallel
 """
 
 import argparse
+from typing import NoReturn
 
 from data.prepare import ensure_prepared
 from errors import run_cli
@@ -21,7 +22,7 @@ from trainer.distributed import World
 from trainer.loop import Trainer
 
 
-def main() -> int:
+def main() -> NoReturn:
     parser = argparse.ArgumentParser(
         description=__doc__,
         epilog="config keys (section.key, type, default, meaning):\n" + config_help(),
@@ -31,10 +32,14 @@ def main() -> int:
     parser.add_argument("--config", help="TOML config file (see configs/)")
     args, overrides = parser.parse_known_args()
     cfg = load_config(args.config, overrides)
-    if World.from_env().local_rank == 0:  # one process per machine prepares; Trainer waits for it
+    world = World.from_env()
+    if world.local_rank == 0:  # one process per machine prepares; Trainer waits for it
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
-    stopped_by = Trainer(cfg).fit()
-    return 0 if stopped_by is None else 128 + stopped_by  # the shell's convention for "ended by this signal"
+    trainer = Trainer(cfg)
+    stopped_by = trainer.fit()
+    # 128 + signal is the shell's convention for "ended by this signal". Exit while `trainer` still
+    # holds the model and its process group: see World.exit.
+    world.exit(0 if stopped_by is None else 128 + stopped_by)
 
 
 if __name__ == "__main__":

@@ -87,13 +87,16 @@ class World:
             dist.destroy_process_group()
 
     def exit(self, status: int) -> NoReturn:
-        """End the process with this exit status once its work is done and its files are closed.
+        """End the process with this exit status once its work is done and its files are closed;
+        call it while the model is still referenced.
 
-        A torchrun process skips the interpreter's shutdown: with FSDP on gloo the process group
-        outlives destroy_process_group (its worker threads keep running), and a worker thread still
-        releasing the tensors of a finished collective when the interpreter shuts down needs the
-        interpreter lock, cannot get it, and aborts the process ("terminate called without an
-        active exception", SIGABRT) after all its work was done, which torchrun reports as a failure.
+        A torchrun process skips Python's own teardown, where gloo's worker threads break it in two
+        ways. Such a thread may still be releasing the tensors of a finished collective, which needs
+        the interpreter lock. (1) Freeing the last reference to a DDP model destroys the process group,
+        which joins those threads while holding that lock: the process hangs. (2) With FSDP the
+        process group outlives destroy_process_group, and a thread that wants the lock while the
+        interpreter shuts down aborts the process ("terminate called without an active exception").
+        Either happens after all the work is done, and torchrun reports it as a failure.
         """
         if not self.launched:
             sys.exit(status)
