@@ -87,6 +87,7 @@ CATALOGUE = [
     Case("missing-config-file", "train.py", ["--config", "nowhere.toml"], "config file nowhere.toml does not exist"),
     Case("config-is-a-directory", "train.py", ["--config", "out"], "config file out cannot be read"),
     Case("invalid-choice", "train.py", [*TRAIN, "--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
+    Case("init-from-typo", "train.py", [*TRAIN, "--train.init_from=resum"], "train.init_from='resum' is neither scratch nor resume nor a directory (use scratch for a new run, resume to continue"),
     # impossible sizes and settings
     Case("heads-do-not-divide-width", "train.py", [*TRAIN, "--model.n_embd=100", "--model.n_head=3"], "model.n_embd=100 is not divisible by n_head=3"),
     Case("zero-layers", "train.py", [*TRAIN, "--model.n_layer=0"], "model.n_layer=0 must be a positive integer"),

@@ -170,5 +170,6 @@ def test_fine_tuning_needs_a_gpt2_bpe_dataset_and_fitting_context(hf_dir, data_d
     with pytest.raises(UserError, match="model.block_size=65 is longer than the 64 positions"):
         Trainer(too_long)
     missing = tiny_config(tmp_path / "c", bpe_data_dir, data__dataset="shakespeare", train__init_from="resme")
-    with pytest.raises(UserError, match="train.init_from='resme' is not a directory"):
+    typo = "train.init_from='resme' is neither scratch nor resume nor a directory.*did you mean 'resume'"
+    with pytest.raises(UserError, match=typo):
         Trainer(missing)

@@ -194,7 +194,8 @@ def _toml_value(value: object) -> str:
 
 def _read_toml(path: Path) -> list[tuple[str, str, object]]:
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: a byte-order mark, which some Windows editors write, is skipped
+        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist (see configs/ for examples)") from None
     except OSError as e:

@@ -1,6 +1,7 @@
 """The training loop: `Trainer(cfg).fit()` trains a GPT until train.max_iters optimizer steps."""
 
 import dataclasses
+import difflib
 import math
 import random
 import signal
@@ -28,6 +29,7 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         train = cfg.train
+        _check_init_from(train.init_from)
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
         self.device = self.world.device(train.device)
@@ -389,6 +391,18 @@ def _check_accumulation(train: TrainConfig, world_size: int) -> None:
             f"{world_size} processes torchrun started: it counts the micro-batches of one optimizer step over all "
             f"processes (use a multiple of {world_size})"
         )
+
+
+def _check_init_from(init_from: str) -> None:
+    """init_from is scratch, resume or a directory; a typo of scratch or resume is named as one."""
+    if init_from in INIT_FROM or Path(init_from).is_dir():
+        return
+    close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    raise UserError(
+        f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
+        f"new run, resume to continue the run in train.out_dir, or the path of a Hugging Face GPT-2 directory{hint})"
+    )
 
 
 def _peak_flops(device: torch.device, world_size: int) -> float | None:
