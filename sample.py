@@ -22,6 +22,7 @@ BPE models) or just before the first --stop string.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -32,9 +33,11 @@ from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.pretrained import export_gpt2, model_from_gpt2_dir
-from trainer.runtime import resolve_device, resolve_dtype
+from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 RUNS_ROOT = Path("out")
+MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
+SEEDS = 2**64  # a torch generator takes seeds 0 .. 2**64 - 1
 
 
 def parse_args() -> argparse.Namespace:
@@ -59,7 +62,12 @@ def parse_args() -> argparse.Namespace:
         help="write the model to DIR as config.json + model.safetensors for transformers' "
         "GPT2LMHeadModel.from_pretrained, and sample nothing",
     )
-    parser.add_argument("--num-samples", type=int, default=1, help="samples to draw per prompt (default: 1)")
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=1,
+        help=f"samples to draw per prompt, at most {MAX_SAMPLES:,} in all (default: 1)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="samples generated together (default: 8)")
     parser.add_argument(
         "--stop",
@@ -81,7 +89,9 @@ def parse_args() -> argparse.Namespace:
         default=1.0,
         help="sample among the most likely tokens holding this much probability; 1 = all (default: 1)",
     )
-    parser.add_argument("--seed", type=int, default=1337, help="random seed (default: 1337)")
+    parser.add_argument(
+        "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument(
         "--dtype",
@@ -106,7 +116,7 @@ def parse_args() -> argparse.Namespace:
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "1 or more"),
-        ("--temperature", args.temperature, args.temperature >= 0, "0 (greedy) or more"),
+        ("--temperature", args.temperature, 0 <= args.temperature < math.inf, "0 (greedy) or a finite number above it"),
         ("--top-k", args.top_k, args.top_k >= 0, "0 (off) or more"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1]"),
     ]
@@ -159,10 +169,40 @@ def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compi
     return "linear layers packed for oneDNN"
 
 
+def check_sample_counts(args: argparse.Namespace, samples: int, block_size: int, device: torch.device) -> None:
+    """Refuse counts this run cannot honour before generating anything: more samples than one run
+    draws, seeds past a generator's range (sample i is drawn with --seed + i), token ids that do
+    not fit in memory."""
+    if samples > MAX_SAMPLES:
+        raise UserError(
+            f"--num-samples={args.num_samples} asks for more than {MAX_SAMPLES:,} samples in one run "
+            f"(draw them over several runs, each with its own --seed)"
+        )
+    if not 0 <= args.seed <= SEEDS - samples:
+        raise UserError(
+            f"--seed={args.seed} is not allowed: sample i is drawn with seed + i, and a seed is 0 .. 2**64 - 1 "
+            f"(use 0 .. {SEEDS - samples})"
+        )
+    batch = min(args.batch_size, samples)
+    ids_bytes = batch * (block_size + args.max_new_tokens) * 8  # the int64 ids of a batch, prompt and sample
+    check_fits_in_memory(
+        ids_bytes,
+        device,
+        f"--max-new-tokens={args.max_new_tokens}: the token ids of {batch} sample(s)",
+        "ask for fewer tokens, or a smaller --batch-size",
+    )
+
+
 def unescape(text: str) -> str:
     """Backslash escapes typed on the command line ("\\n", "\\t") become the characters; every other
     character, ASCII or not, stands for itself."""
-    return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    try:
+        return text.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError:
+        raise UserError(
+            f"--stop={text!r} ends in a lone backslash or holds an incomplete escape (escapes are \\n, \\t, "
+            f"\\xHH, \\uXXXX and \\N{{name}}; write \\\\ for a backslash itself)"
+        ) from None
 
 
 def main() -> None:
@@ -179,6 +219,7 @@ def main() -> None:
 
     prompts = read_prompts(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
     block_size = model.config.block_size
+    check_sample_counts(args, len(prompts) * args.num_samples, block_size, device)
     rows = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)

@@ -21,6 +21,8 @@ import torch
 
 from .gpt import GPT
 
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
+
 
 def sample_next_token(
     logits: torch.Tensor,
@@ -36,7 +38,11 @@ def sample_next_token(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
+    # Shifted so the largest logit is 0, the scaled logits never overflow to +inf (whose softmax is
+    # NaN); a temperature below float32's smallest normal number (1e-45 rounds to 0) divides as that
+    # number does: every token but the most likely ones gets probability 0.
+    logits = logits.float()
+    logits = (logits - logits.max(dim=-1, keepdim=True).values) / max(temperature, FLOAT32_TINY)
     if top_k is not None and top_k < logits.size(-1):
         kth_largest = torch.topk(logits, top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth_largest, float("-inf"))

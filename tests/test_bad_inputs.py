@@ -127,6 +127,13 @@ CATALOGUE = [
     Case("prompt-file-missing", "sample.py", ["--prompt-file", "nothing.txt"], "--prompt-file='nothing.txt' does not exist"),
     Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
     Case("batch-size-of-zero", "sample.py", ["--batch-size", "0"], "--batch-size=0 is not allowed"),
+    Case("unknown-sampling-device", "sample.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
+    Case("sample-on-cuda-without-gpu", "sample.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
+    Case("stop-text-ending-in-a-backslash", "sample.py", ["--stop", "a\\"], "ends in a lone backslash or holds an incomplete escape"),
+    Case("infinite-temperature", "sample.py", ["--temperature", "inf"], "--temperature=inf is not allowed"),
+    Case("more-new-tokens-than-memory", "sample.py", ["--max-new-tokens", str(10**14)], f"--max-new-tokens={10**14}: the token ids of 1 sample(s) need at least 800.0 TB"),
+    Case("too-many-samples", "sample.py", ["--num-samples", str(10**14)], "asks for more than 1,000,000 samples in one run"),
+    Case("seed-beyond-64-bits", "sample.py", ["--seed", str(2**64)], f"--seed={2**64} is not allowed: sample i is drawn with seed + i"),
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),

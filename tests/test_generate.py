@@ -72,6 +72,14 @@ def test_each_padded_row_stops_at_its_own_end_token():
     assert len(stopped[0]) == max((row.index(stop) + 1 if stop in row else 12) for row in greedy)
 
 
+@pytest.mark.parametrize("temperature", [1e-45, 1e-300])
+def test_a_temperature_too_small_for_float32_samples_the_most_likely_token(temperature):
+    model = tiny_model(VOCAB, BLOCK)
+    generators = [torch.Generator().manual_seed(row) for row in range(len(PROMPTS))]
+    sampled = run(model, PROMPTS, 8, temperature=temperature, generators=generators)
+    assert sampled == run(model, PROMPTS, 8, temperature=0)
+
+
 def test_a_prompt_row_without_tokens_is_rejected():
     model = tiny_model(VOCAB, BLOCK)
     with pytest.raises(ValueError, match="prompt row 1 has 0 tokens"):

@@ -19,7 +19,8 @@ from pathlib import Path
 from errors import ConfigError
 from model import GPTConfig
 
-DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(:\d+)?")
+DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")  # group 1: the GPU's index
+DEVICES = "auto, cpu, cuda, cuda:N, mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 INIT_FROM = ("scratch", "resume")
 PARALLELISMS = ("ddp", "fsdp")
@@ -85,7 +86,7 @@ class TrainConfig:
         if not self.out_dir:
             raise ValueError("out_dir='' must name a run directory")
         if not DEVICE_PATTERN.fullmatch(self.device):
-            raise ValueError(f"device={self.device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+            raise ValueError(f"device={self.device!r} is not one of {DEVICES}")
         _check_choice(self, "dtype", DTYPES)
         if not self.init_from:
             raise ValueError(f"init_from='' is not one of {', '.join(INIT_FROM)} or the path of a GPT-2 directory")
