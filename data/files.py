@@ -11,7 +11,8 @@ from typing import BinaryIO
 def atomic_open(path: Path) -> Iterator[BinaryIO]:
     """Open `path` for writing in binary mode; the file appears under its name only once it is
     complete. The bytes go to a temporary file beside it, which is flushed to disk and then renamed
-    over `path` (a rename within one filesystem is atomic). If writing fails, `path` is untouched."""
+    over `path` (a rename within one filesystem is atomic); the folder is flushed too, so the new
+    name survives a power cut. If writing fails (a full disk, a kill), `path` is untouched."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -19,5 +20,15 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+        _sync_folder(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename) to disk."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

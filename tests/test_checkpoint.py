@@ -97,6 +97,23 @@ def test_a_crash_while_saving_leaves_the_previous_checkpoint_intact(trained_run,
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt.pt"]  # no temporary file left behind
 
 
+def test_a_disk_that_fills_while_keeping_checkpoints_leaves_the_latest_loadable(trained_run, tmp_path, monkeypatch):
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(load_checkpoint(trained_run / "ckpt.pt"), path, keep=2)
+    before = path.read_bytes()
+
+    def disk_full(source, f):
+        f.write(source.read(1000))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.shutil, "copyfileobj", disk_full)  # ckpt.pt's copy of the new step
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(load_checkpoint(path) | {"step": 20}, path, keep=2)
+    assert path.read_bytes() == before
+    assert load_checkpoint(path)["step"] == 10
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_latest_run_is_the_most_recent_checkpoint(tmp_path):
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()

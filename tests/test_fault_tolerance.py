@@ -151,9 +151,11 @@ def test_keep_checkpoints_keeps_the_last_k_beside_the_latest(tmp_path, data_dir)
     assert (run_dir / "ckpt.pt").read_bytes() == (run_dir / "ckpt_00000020.pt").read_bytes()
     assert load_checkpoint(run_dir / "ckpt_00000015.pt")["step"] == 15
 
-    # go back to step 15 and train on: the abandoned step 20 is dropped, not kept as the newest
-    (run_dir / "ckpt.pt").unlink()
+    # go back to step 15 with a plain copy (ckpt.pt is a file of its own: the copy leaves step 20 as it was)
+    step_20 = (run_dir / "ckpt_00000020.pt").read_bytes()
     shutil.copyfile(run_dir / "ckpt_00000015.pt", run_dir / "ckpt.pt")
+    assert (run_dir / "ckpt_00000020.pt").read_bytes() == step_20
+    # and train on: the abandoned step 20 is dropped, not kept as the newest
     Trainer(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, init_from="resume", max_iters=25))).fit()
     assert sorted(p.name for p in run_dir.glob("ckpt*")) == ["ckpt.pt", "ckpt_00000020.pt", "ckpt_00000025.pt"]
     assert load_checkpoint(run_dir / "ckpt_00000020.pt")["step"] == 20

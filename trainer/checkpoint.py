@@ -5,7 +5,6 @@ could run code. It is written to a temporary file that is flushed to disk and th
 the old one, so a crash mid-write leaves the previous checkpoint intact.
 """
 
-import os
 import pickle
 import shutil
 from pathlib import Path
@@ -24,10 +23,9 @@ REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
 
 
 def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
-    """Write state to path (ckpt.pt). With keep > 1 the same file is also kept as ckpt_STEP.pt
-    beside it (ckpt.pt is a hard link to it), and only the newest `keep` of those remain: older
-    weights to go back to. To resume from one, copy it over ckpt.pt with `cp --remove-destination`
-    (a plain cp would write through the link into the newest ckpt_STEP.pt)."""
+    """Write state to path (ckpt.pt). With keep > 1 it is also written as ckpt_STEP.pt beside it, a
+    file of its own, and only the newest `keep` of those remain: older weights to go back to. To
+    resume from one, copy it over ckpt.pt (the other files are not touched)."""
     if keep == 1:
         with atomic_open(path) as f:
             torch.save(state, f)
@@ -35,24 +33,13 @@ def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
     step_path = path.with_name(f"{path.stem}_{state['step']:08d}{path.suffix}")
     with atomic_open(step_path) as f:
         torch.save(state, f)
-    _replace_with_copy(step_path, path)
+    with atomic_open(path) as f, open(step_path, "rb") as source:
+        shutil.copyfileobj(source, f)  # a copy, not a hard link: rewriting one name must not change the other
     written = sorted(path.parent.glob(f"{path.stem}_*{path.suffix}"))  # zero-padded steps: in step order
     # a run resumed from an older checkpoint abandons those after it
     abandoned = [p for p in written if p.name > step_path.name]
     for old in abandoned + [p for p in written if p.name <= step_path.name][:-keep]:
         old.unlink()
-
-
-def _replace_with_copy(source: Path, path: Path) -> None:
-    """Atomically make path a second name of source (a hard link), or a copy where the filesystem
-    has no hard links."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.unlink(missing_ok=True)
-    try:
-        os.link(source, tmp)
-    except OSError:
-        shutil.copyfile(source, tmp)
-    os.replace(tmp, path)
 
 
 def load_checkpoint(path: Path) -> dict:
