@@ -1,4 +1,6 @@
-"""Training speed of one config: tokens/s, and model FLOPs utilisation where the GPU's peak is known.
+"""Training speed of one config, and where a whole run's time goes: start-up, steps, evaluations
+and checkpoints, each timed on its own; tokens/s, and model FLOPs utilisation where the GPU's peak
+is known.
 
     python bench/train.py --config configs/shakespeare_char.toml --steps 50
     python bench/train.py --config configs/shakespeare_gpt2.toml --steps 50 --train.device=cuda
@@ -7,25 +9,32 @@
     torchrun --standalone --nproc_per_node=1 bench/train.py --config ... --train.parallelism=fsdp
 
 Builds the run exactly as train.py does (same config tree, overrides as --section.key=value), then
-times --steps optimizer steps after --warmup untimed ones (compilation, allocator). Nothing is
-written: no run directory, no checkpoint. MFU uses the same FLOPs-per-token count and GPU peak
-table as metrics.jsonl (trainer/metrics.py). --profile N prints the N operators that took the most
-device (or CPU) time in one more step, from torch.profiler, to show what a step is made of.
+times --steps optimizer steps after --warmup untimed ones (compilation, allocator), one evaluation
+and one checkpoint. Start-up runs from this script's first line (imports included) to the moment
+the first step could start. The second table projects a whole run of the config from these parts
+(train.max_iters steps, an evaluation at step 0 and every train.eval_interval steps, a checkpoint
+after each but the first), so it shows where train.py's time would go. Nothing is kept: the run
+directory is a temporary one. MFU uses the same FLOPs-per-token count and GPU peak table as
+metrics.jsonl (trainer/metrics.py). --profile N prints the N operators that took the most device
+(or CPU) time in one more step, from torch.profiler, to show what a step is made of.
 """
 
-import argparse
-import sys
-import tempfile
 import time
-from pathlib import Path
 
-import torch
+START = time.perf_counter()  # before the imports: they are part of a run's start-up
+
+import argparse  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import TrainConfig, load_config  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 from trainer.metrics import flops_per_token, gpu_peak_flops  # noqa: E402
 
@@ -41,19 +50,34 @@ def main() -> None:
         cfg = load_config(args.config, [*overrides, f"--train.out_dir={scratch}/run"])
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
         trainer = Trainer(cfg)
+        startup = time.perf_counter() - START
         for _ in range(args.warmup):
             trainer.train_step(cfg.optim.learning_rate).item()
         start = time.perf_counter()
         for _ in range(args.steps):
             loss = trainer.train_step(cfg.optim.learning_rate)
         loss.item()  # waits for the device to finish the last step
-        seconds = time.perf_counter() - start
+        step_seconds = (time.perf_counter() - start) / args.steps
+        evaluation_seconds = timed(trainer.evaluate)  # returns floats: the device has finished
+        trainer.run_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint_seconds = timed(trainer.save)
         if args.profile:
             print_profile(trainer, cfg.optim.learning_rate, args.profile)
         trainer.world.stop()
-    if not trainer.world.is_main:
-        return
-    tokens_per_sec = trainer.tokens_per_step * args.steps / seconds
+    if trainer.world.is_main:
+        print_speed(args, trainer, step_seconds)
+        print()
+        print_run_time(trainer.cfg.train, startup, step_seconds, evaluation_seconds, checkpoint_seconds)
+
+
+def timed(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
+def print_speed(args: argparse.Namespace, trainer: Trainer, step_seconds: float) -> None:
+    tokens_per_sec = trainer.tokens_per_step / step_seconds
     peak = gpu_peak_flops(trainer.device)
     model_flops = flops_per_token(trainer.cfg.model, trainer.model.num_params())
     mfu = f"{100 * model_flops * tokens_per_sec / peak:.1f}%" if peak else "n/a (no known peak)"
@@ -69,8 +93,29 @@ def main() -> None:
     print(
         f"| {args.config} | {device} ({torch.get_num_threads()} threads) | {dtype} | "
         f"{trainer.model.num_params() / 1e6:.1f}M | {parallel} | {trainer.tokens_per_step:,} | {args.steps} | "
-        f"{1000 * seconds / args.steps:.1f} | {tokens_per_sec:,.0f} | {mfu} | {memory} |"
+        f"{1000 * step_seconds:.1f} | {tokens_per_sec:,.0f} | {mfu} | {memory} |"
     )
+
+
+def print_run_time(
+    train: TrainConfig, startup: float, step_seconds: float, evaluation_seconds: float, checkpoint_seconds: float
+) -> None:
+    """A whole run of train.max_iters steps, from the parts' measured times."""
+    # as Trainer.fit does: the baseline at step 0, then every eval_interval steps and at the last step,
+    # each of these followed by a checkpoint
+    checkpoints = train.max_iters // train.eval_interval + (train.max_iters % train.eval_interval != 0)
+    parts = [
+        ("start-up (imports, data, model; to the first step)", 1, startup),
+        ("optimizer steps", train.max_iters, step_seconds),
+        (f"evaluations ({train.eval_iters} batches per split)", checkpoints + 1, evaluation_seconds),
+        ("checkpoints", checkpoints, checkpoint_seconds),
+    ]
+    total = sum(count * seconds for _, count, seconds in parts)
+    print("| part of a whole run | count | seconds each | seconds | share |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, count, seconds in parts:
+        print(f"| {name} | {count:,} | {seconds:.4g} | {count * seconds:.1f} | {100 * count * seconds / total:.0f}% |")
+    print(f"| total | | | {total:.1f} | 100% |")
 
 
 def print_profile(trainer: Trainer, lr: float, rows: int) -> None:
