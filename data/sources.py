@@ -11,6 +11,7 @@ train.py imports this package for bundled datasets that are already prepared.
 """
 
 import codecs
+import glob
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -81,7 +82,8 @@ def open_corpus(
         files = local_files(path)
         builder = BUILDERS[files[0].suffix]
         options = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
-        data_files = [str(file) for file in files]
+        # datasets reads data_files as glob patterns: escaped, book[1].txt is that file, not book1.txt
+        data_files = [glob.escape(str(file)) for file in files]
         with read_errors(spec):
             dataset = _load(
                 builder, data_files=data_files, split="train", num_proc=min(num_proc, len(files)), **options, **common

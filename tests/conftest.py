@@ -1,3 +1,4 @@
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -6,6 +7,7 @@ import pytest
 import torch
 
 from data.prepare import prepare_bundled
+from errors import run_cli
 from model import GPT, GPTConfig
 from trainer.config import Config, build_config, config_to_toml
 
@@ -132,3 +134,18 @@ def run_script(script: str, *args: str, cwd: Path | None = None) -> subprocess.C
         text=True,
         timeout=300,
     )
+
+
+def run_entry_point(script: str, args: list[str], monkeypatch) -> int:
+    """Call an entry point's main() through run_cli, as the script does, in this process (faster than
+    a subprocess); returns its exit status."""
+    module = importlib.import_module(script.removesuffix(".py").replace("/", "."))
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(module.main)
+    return exit_info.value.code
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root and its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}

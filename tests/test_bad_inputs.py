@@ -1,10 +1,8 @@
 """The catalogue of bad inputs (docs/bad-inputs.md): each one gets one line starting with `error:`,
 exit status 2, no traceback, and leaves every file it found exactly as it was."""
 
-import importlib
 import json
 import shutil
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,8 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from errors import run_cli
-from tests.conftest import PROJECT_ROOT, tiny_config, tiny_toml
+from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.loop import Trainer
 
 
@@ -166,18 +163,6 @@ def workspace(tmp_path, data_dir, trained_run, monkeypatch) -> Path:
     (tmp_path / "out" / "tiny" / "config.toml").write_text(config)
     monkeypatch.chdir(tmp_path)
     return tmp_path
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def run_entry_point(script: str, args: list[str], monkeypatch) -> int:
-    module = importlib.import_module(script.removesuffix(".py"))
-    monkeypatch.setattr(sys, "argv", [script, *args])
-    with pytest.raises(SystemExit) as exit_info:
-        run_cli(module.main)
-    return exit_info.value.code
 
 
 @pytest.mark.parametrize("case", CATALOGUE, ids=[case.id for case in CATALOGUE])

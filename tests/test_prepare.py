@@ -19,7 +19,7 @@ from data.prepare import CORPUS_DIR, in_val, prepare, split_long
 from data.sources import Corpus, open_corpus
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta
 from errors import UserError
-from tests.conftest import PROJECT_ROOT, run_script
+from tests.conftest import PROJECT_ROOT, run_entry_point, run_script
 
 CORPUS = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 # 40 documents of different lengths, some with text beyond ASCII
@@ -187,6 +187,26 @@ def test_prepared_folder_is_never_overwritten(tmp_path):
     prepare_local(corpus, tmp_path / "out")
     with pytest.raises(UserError, match=r"out already holds a prepared dataset"):
         prepare_local(corpus, tmp_path / "out")
+
+
+def test_file_names_with_glob_characters_are_read_as_written(tmp_path, monkeypatch):
+    texts = {name: f"the text of {name}, " * 4 for name in ("book[1].txt", "book1.txt", "a*.txt", "a?.txt", "ab.txt")}
+    folder = tmp_path / "g[x]"  # the folder's own name holds a pattern too
+    folder.mkdir()
+    for name, text in texts.items():
+        (folder / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    for dataset, out in (("g[x]/book[1].txt", "one"), ("g[x]", "all")):
+        args = ["--dataset", dataset, "--out", out, "--tokenizer", "gpt2", "--block-size", "4", "--val-fraction", "0.5"]
+        assert run_entry_point("data/prepare.py", args, monkeypatch) == 0
+
+    def documents(out):
+        _, splits = read_splits(tmp_path / out)
+        tokens = np.concatenate([splits["train"], splits["val"]])
+        return GPT2Tokenizer().decode(tokens.tolist()).split(END_OF_TEXT)
+
+    assert "".join(documents("one")) == texts["book[1].txt"]  # a single document, cut in two
+    assert sorted(documents("all")) == sorted([*texts.values(), ""])  # each file once; "" after the last separator
 
 
 def test_folder_of_mixed_file_kinds_is_refused(tmp_path):
