@@ -1,14 +1,19 @@
-"""Causal (masked) self-attention.
+"""Masked self-attention.
 
-Every query may attend to its own position and to earlier ones, never to later ones: scores for
-future keys are set to -inf before the softmax, so their weights are exactly 0 and each row of
-weights sums to 1 over the allowed keys. The work is done by
-`torch.nn.functional.scaled_dot_product_attention` (SDPA), which picks a fused kernel.
+Every query may attend to the keys its attention pattern allows (by default its own position and
+earlier ones, never later ones; model/masks.py holds the patterns): scores for other keys are set to
+-inf before the softmax, so their weights are exactly 0 and each row of weights sums to 1 over the
+allowed keys. The work is done by `torch.nn.functional.scaled_dot_product_attention` (SDPA), which
+picks a fused kernel; `attention_weights` spells the same computation out and returns the weights.
 """
+
+import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from .masks import causal, dense_mask
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -17,26 +22,9 @@ def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None) -> 
     The queries are the last q_len of kv_len positions (as when new tokens follow a cached
     prefix): query i sits at position kv_len - q_len + i and sees keys 0 .. kv_len - q_len + i.
     """
-    ones = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
-    return ones.tril(diagonal=kv_len - q_len)
-
-
-def padded_causal_mask(q_slots: torch.Tensor, kv_len: int, pad: torch.Tensor | None = None) -> torch.Tensor:
-    """Boolean mask, True where a query may attend to a key, for queries at any slots of a sequence
-    of kv_len slots (as in a preallocated KV cache) whose rows may start with padding.
-
-    q_slots: (T,) the slot of each query. pad: (B,) how many slots each row starts with that are
-    padding (left padding), or None. Query i of row b sees keys pad[b] .. q_slots[i]; a padding query
-    sees only itself, so no row of the softmax is empty (its output is never used). Returns (T, kv_len)
-    without pad, else (B, 1, T, kv_len).
-    """
-    keys = torch.arange(kv_len, device=q_slots.device)  # (S,)
-    causal = keys <= q_slots[:, None]  # (T, S)
-    if pad is None:
-        return causal
-    real_key = keys >= pad[:, None]  # (B, S)
-    own_key = keys == q_slots[:, None]  # (T, S)
-    return (causal & (real_key[:, None, :] | own_key))[:, None]  # (B, 1, T, S)
+    q_pos = torch.arange(kv_len - q_len, kv_len, device=device)[None]  # (1, q_len)
+    k_pos = torch.arange(kv_len, device=device)[None]  # (1, kv_len)
+    return dense_mask(causal, q_pos, k_pos)[0, 0]
 
 
 def attention(
@@ -65,6 +53,17 @@ def attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The weights `attention` applies to the values, (B, H, Tq, Tk): the softmax over keys of the
+    scaled scores q.k / sqrt(D), with blocked keys at -inf (so their weights are exactly 0).
+    mask: as for `attention`."""
+    q_len, kv_len = q.size(-2), k.size(-2)
+    if mask is None:
+        mask = causal_mask(q_len, kv_len, q.device)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj)."""
 
@@ -81,14 +80,25 @@ class CausalSelfAttention(nn.Module):
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
         cache, the new keys and values go into its slots and the queries attend over all of them."""
         B, T, C = x.shape
+        q, k, v = self.heads(x)  # (B, H, T, D) each
+        if cache is not None:
+            k, v = cache.update(self.layer_idx, k, v)  # (B, H, kv_len, D)
+        y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of x (B, T, C), each split into heads: (B, H, T, D)."""
+        B, T, C = x.shape
         H = self.n_head
         D = C // H
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, H, max_len, D)
-        y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return q, k, v
+
+    def weights(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T)."""
+        q, k, _ = self.heads(x)
+        return attention_weights(q, k, mask)

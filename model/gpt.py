@@ -15,8 +15,27 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention, padded_causal_mask
+from .attention import CausalSelfAttention
 from .kv_cache import KVCache
+from .masks import dense_mask, document_ids, is_plain_causal, pattern_rule
+
+PATTERN_LIMITS = {
+    "attn_sinks": "sinks are the first positions of the context",
+    "attn_block": "each position learns the token attn_block positions ahead, which must be in the context",
+}
+# pairs of patterns that contradict each other, and why
+PATTERN_CONFLICTS = {
+    ("attn_prefix_lm", "attn_block"): "both let a query see later positions, by different rules",
+    ("attn_prefix_lm", "attn_window"): "the window would cut the bidirectional prefix",
+    ("attn_prefix_lm", "attn_documents"): "the prefix is the start of the row, which documents cut",
+    ("attn_block", "attn_window"): "the window would cut the blocks",
+    ("attn_block", "attn_documents"): "blocks would straddle documents",
+    ("attn_sinks", "attn_documents"): "every document would see the first tokens of the row's first document",
+}
+
+
+def _toml(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass
@@ -28,6 +47,13 @@ class GPTConfig:
     vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
     dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+    # attention pattern (model/masks.py); all off is plain causal attention
+    attn_window: int = 0  # sliding window: a query sees the last attn_window positions, itself included; 0 = all
+    attn_sinks: int = 0  # the first attn_sinks positions stay visible to all later queries as the window slides
+    attn_prefix_lm: bool = False  # a prefix of each row attends both ways (random in training, the prompt in sampling)
+    attn_block: int = 0  # block-causal: full attention inside blocks of attn_block positions, causal between; 0 = off
+    attn_documents: bool = False  # a query sees only its own document; documents start at eot_token
+    eot_token: int = -1  # id of the end-of-text token that separates documents; -1 = the dataset tokenizer's
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -42,6 +68,26 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        self._check_pattern()
+
+    def _check_pattern(self) -> None:
+        for name in ("attn_window", "attn_sinks", "attn_block"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}={getattr(self, name)} must be 0 (off) or a positive number of positions")
+        for name in ("attn_sinks", "attn_block"):
+            if getattr(self, name) >= self.block_size:
+                raise ValueError(
+                    f"{name}={getattr(self, name)} must be smaller than block_size={self.block_size} "
+                    f"({PATTERN_LIMITS[name]})"
+                )
+        for (first, second), reason in PATTERN_CONFLICTS.items():
+            if getattr(self, first) and getattr(self, second):
+                raise ValueError(
+                    f"{first}={_toml(getattr(self, first))} cannot be combined with "
+                    f"{second}={_toml(getattr(self, second))}: {reason} (switch one of them off)"
+                )
+        if self.eot_token < -1:
+            raise ValueError(f"eot_token={self.eot_token} must be a token id, or -1 (the dataset tokenizer's)")
 
     @property
     def head_dim(self) -> int:
@@ -53,7 +99,13 @@ class GPT(nn.Module):
         super().__init__()
         if config.vocab_size <= 0:
             raise ValueError(f"vocab_size={config.vocab_size}: set it to the tokenizer's vocabulary size")
+        if config.attn_documents and not 0 <= config.eot_token < config.vocab_size:
+            raise ValueError(
+                f"attn_documents=true needs eot_token, the id of the token that separates documents, below "
+                f"vocab_size={config.vocab_size} (got {config.eot_token}: the tokenizer has none)"
+            )
         self.config = config
+        self.plain_causal = is_plain_causal(config)  # no mask needed: attention's fused causal path
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
@@ -79,6 +131,7 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         cache: KVCache | None = None,
         pad: torch.Tensor | None = None,
+        prefix: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, when targets (B, T) are
         given, the mean cross-entropy over targets that are not -1 (padding).
@@ -88,24 +141,21 @@ class GPT(nn.Module):
         of row b (counted from the start of the cache, or of idx without one) hold filler tokens
         that no query attends to, and the row's first real token has position 0. Pass the same pad
         with every call on one cache.
+        prefix: (B,) with attn_prefix_lm, the bidirectional prefix length of each row (positions
+        0 .. prefix[b] - 1 see each other); None is no prefix. Pass the same prefix with every call
+        on one cache.
         """
         B, T = idx.shape
         if cache is None:
             if T > self.config.block_size:
                 raise ValueError(f"{T} positions exceed the model's block_size={self.config.block_size}")
             slots = torch.arange(T, device=idx.device)  # (T,)
-            kv_len = T
         else:
             cache.claim(T)  # raises past cache.max_len, which new_cache keeps within block_size
             slots = cache.slots(T)  # (T,)
-            kv_len = cache.kv_len
-        # Without padding, the queries are the last T of the kv_len keys, and attention builds the
-        # causal mask itself (or needs none); padding, or a static cache's unwritten slots, need an
-        # explicit mask over the key slots.
-        needs_mask = pad is not None or (cache is not None and cache.static)
-        mask = padded_causal_mask(slots, kv_len, pad) if needs_mask else None
-        pos = slots if pad is None else (slots - pad[:, None]).clamp(min=0)  # (T,) or (B, T); padding at 0
-        x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+        positions = slots[None] if pad is None else slots[None] - pad[:, None]  # (1 or B, T); negative: padding
+        mask = self.attention_mask(idx, positions, slots, cache, pad, prefix)
+        x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
             x = block(x, mask, cache)
@@ -117,6 +167,30 @@ class GPT(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
         return logits, loss
+
+    def attention_mask(
+        self,
+        idx: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cache: KVCache | None,
+        pad: torch.Tensor | None,
+        prefix: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """The (B, 1, T, kv_len) mask of the pattern's rule for these queries over the keys they
+        read, or None for plain causal attention over exactly these tokens (or a cache's written
+        slots), which attention applies itself without building a mask."""
+        needs_mask = pad is not None or (cache is not None and cache.static)
+        if self.plain_causal and not needs_mask:
+            return None
+        B = idx.size(0)
+        q_pos = positions.expand(B, -1)  # (B, T)
+        k_pos = q_pos if cache is None else cache.key_positions(slots, pad).expand(B, -1)  # (B, kv_len)
+        doc_ids = None
+        if self.config.attn_documents:
+            doc_ids = document_ids(idx, self.config.eot_token, q_pos)
+        rule = pattern_rule(self.config, prefix, doc_ids)
+        return dense_mask(rule, q_pos, k_pos)
 
     def new_cache(self, batch_size: int, max_len: int | None = None, static: bool = False) -> KVCache:
         """An empty KV cache for batch_size sequences of up to max_len (default and at most

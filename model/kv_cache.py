@@ -14,6 +14,8 @@ and replay it.
 
 import torch
 
+from .masks import UNWRITTEN
+
 
 class KVCache:
     """Keys and values of every layer for the tokens seen so far.
@@ -69,6 +71,14 @@ class KVCache:
         if self.static:
             return self.next_slot + torch.arange(n_tokens, device=self.next_slot.device)
         return torch.arange(self.pos - n_tokens, self.pos, device=self.next_slot.device)
+
+    def key_positions(self, slots: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+        """(1 or B, kv_len) the position of the key in each slot attention reads, given the current
+        call's slots: negative for left padding, UNWRITTEN for a slot not written yet (static)."""
+        keys = torch.arange(self.kv_len, device=slots.device)  # (kv_len,)
+        written = keys <= slots[-1]
+        positions = keys[None] if pad is None else keys[None] - pad[:, None]
+        return torch.where(written, positions, UNWRITTEN)
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) keys and values into the current call's slots; return the layer's

@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from data.files import atomic_open
 from data.loader import SPLITS, RandomWindows, TokenDataset
+from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
@@ -48,7 +49,7 @@ class Trainer:
         if train.init_from not in INIT_FROM:  # fine-tune the GPT-2 weights in that directory
             gpt2_config, pretrained = load_gpt2(Path(train.init_from), key="train.init_from")
             cfg = with_gpt2_shape(cfg, gpt2_config, self.dataset.meta)
-        self.cfg = cfg = _with_dataset_vocab(cfg, self.dataset.vocab_size)
+        self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
         self.dataset.check_fits(cfg.model.block_size)
         if checkpoint is not None:
             _check_resumable(checkpoint, cfg, self.dataset.meta, self.run_dir)
@@ -423,13 +424,30 @@ def _with_dataset_vocab(cfg: Config, dataset_vocab: int) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size))
 
 
+def _with_document_separator(cfg: Config, dataset_meta: dict) -> Config:
+    """With model.attn_documents, the config with model.eot_token taken from the dataset's tokenizer
+    (unless set), which must have one."""
+    if not cfg.model.attn_documents or cfg.model.eot_token >= 0:
+        return cfg
+    eot_token = tokenizer_from_meta(dataset_meta).eot_token
+    if eot_token is None:
+        raise UserError(
+            f"model.attn_documents=true needs documents separated by an end-of-text token, but data.dataset="
+            f"{cfg.data.dataset!r} is tokenized with {dataset_meta['tokenizer']!r}, which has none (use a GPT-2 BPE "
+            f"dataset, e.g. shakespeare, or set model.attn_documents=false)"
+        )
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, eot_token=eot_token))
+
+
 def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir: Path) -> None:
     """The model and the tokenizer must be those of the run being resumed."""
     saved_model = checkpoint["config"]["model"]
+    defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
     for key, value in config_to_dict(cfg)["model"].items():
-        if saved_model.get(key) != value:
+        saved = saved_model.get(key, defaults[key])
+        if saved != value:
             raise UserError(
-                f"model.{key}={value!r} but the run in {run_dir} was trained with {saved_model.get(key)!r} "
+                f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
                 f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
             )
     saved_dataset = checkpoint["dataset"]

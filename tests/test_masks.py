@@ -1,0 +1,215 @@
+"""Attention patterns: the mask each rule gives equals a definition written out here by hand, and
+the model built with each pattern sees exactly what the pattern promises."""
+
+import pytest
+import torch
+
+from errors import ConfigError
+from model import GPTConfig
+from model.masks import is_plain_causal
+from tests.conftest import tiny_model
+from trainer.config import load_config
+
+VOCAB = 50
+EOT = 7  # the document separator in these tests
+
+PATTERNS = {
+    "causal": {},
+    "window": {"attn_window": 3},
+    "window+sinks": {"attn_window": 3, "attn_sinks": 2},
+    "prefix-lm": {"attn_prefix_lm": True},
+    "block": {"attn_block": 4},
+    "documents": {"attn_documents": True, "eot_token": EOT},
+    "documents+window": {"attn_documents": True, "eot_token": EOT, "attn_window": 4},
+}
+
+
+def allowed_by_hand(pattern: dict, tokens: list[int], prefix: int, q: int, k: int) -> bool:
+    """Whether position q of a row (tokens, without padding) may attend to position k, from the
+    patterns' definitions."""
+    window, sinks, block = pattern.get("attn_window", 0), pattern.get("attn_sinks", 0), pattern.get("attn_block", 0)
+    if block:
+        return k < (q // block + 1) * block  # up to the end of q's own block
+    if pattern.get("attn_prefix_lm") and q < prefix and k < prefix:
+        return True
+    if k > q:
+        return False
+    if sinks and k < sinks:
+        return True
+    if window and q - k >= window:
+        return False
+    if pattern.get("attn_documents") and EOT in tokens[k + 1 : q + 1]:
+        return False  # a document starts after k, at or before q
+    return True
+
+
+def mask_by_hand(pattern: dict, idx: torch.Tensor, pad: list[int], prefix: list[int]) -> torch.Tensor:
+    B, T = idx.shape
+    mask = torch.zeros(B, 1, T, T, dtype=torch.bool)
+    for b in range(B):
+        tokens = idx[b, pad[b] :].tolist()
+        for i in range(T):
+            for j in range(T):
+                if i < pad[b]:
+                    mask[b, 0, i, j] = i == j  # a padding query sees only itself
+                elif j >= pad[b]:
+                    mask[b, 0, i, j] = allowed_by_hand(pattern, tokens, prefix[b], i - pad[b], j - pad[b])
+    return mask
+
+
+def model_mask(model, idx: torch.Tensor, pad: list[int] | None, prefix: list[int] | None) -> torch.Tensor:
+    T = idx.size(1)
+    slots = torch.arange(T)
+    pad_tensor = None if pad is None else torch.tensor(pad)
+    positions = slots[None] if pad is None else slots[None] - pad_tensor[:, None]
+    prefix_tensor = None if prefix is None else torch.tensor(prefix)
+    return model.attention_mask(idx, positions, slots, None, pad_tensor, prefix_tensor)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("T", [1, 5, 12, 17])
+@pytest.mark.parametrize("padded", [False, True], ids=["no-padding", "left-padding"])
+def test_mask_from_the_rule_equals_the_hand_written_definition(name, T, padded):
+    pattern = PATTERNS[name]
+    model = tiny_model(VOCAB, block_size=32, **pattern)
+    generator = torch.Generator().manual_seed(T)
+    idx = torch.randint(0, 10, (3, T), generator=generator)  # ids below 10: EOT shows up often
+    pad = [0, min(2, T - 1), T - 1] if padded else [0, 0, 0]
+    prefix = [max(1, (T - p) // 2) for p in pad]
+    expected = mask_by_hand(pattern, idx, pad, prefix)
+    mask = model_mask(model, idx, pad if padded else None, prefix)
+    if mask is None:  # plain causal without padding: attention's fused path, which builds no mask
+        assert is_plain_causal(model.config) and not padded
+        mask = torch.ones(T, T, dtype=torch.bool).tril().expand(3, 1, T, T)
+    assert torch.equal(mask, expected)
+
+
+def gradients_reaching(model, idx: torch.Tensor, t: int, prefix: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) how much gradient the logits at position t send to each position's token embedding."""
+    captured = {}
+
+    def keep_embeddings(module, inputs, output):
+        output.retain_grad()
+        captured["embeddings"] = output
+
+    handle = model.transformer.wte.register_forward_hook(keep_embeddings)
+    logits, _ = model(idx, prefix=prefix)
+    logits[:, t].sum().backward()
+    handle.remove()
+    return captured["embeddings"].grad.abs().sum(-1)
+
+
+def last_visible(name: str, t: int, prefix: int, T: int) -> int:
+    """The last position whose token may influence the logits at t."""
+    if name == "prefix-lm" and t < prefix:
+        return prefix - 1  # the prefix sees itself both ways
+    if name == "block":
+        return min(T, (t // 4 + 1) * 4) - 1  # the end of t's block
+    return t
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+@pytest.mark.parametrize("t", [0, 3, 6, 13])
+def test_tokens_after_what_a_position_may_see_change_nothing_there(name, t):
+    T, prefix = 16, 6
+    model = tiny_model(VOCAB, block_size=T, **PATTERNS[name])
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, T))
+    idx[:, 9] = EOT  # a document boundary for the document patterns
+    prefixes = torch.tensor([prefix, prefix])
+    edge = last_visible(name, t, prefix, T)
+    changed = idx.clone()
+    changed[:, edge + 1 :] = (changed[:, edge + 1 :] + 1) % VOCAB
+    logits, _ = model(idx, prefix=prefixes)
+    changed_logits, _ = model(changed, prefix=prefixes)
+    assert torch.equal(logits[:, : t + 1], changed_logits[:, : t + 1])
+    grad = gradients_reaching(model, idx, t, prefixes)
+    assert torch.all(grad[:, edge + 1 :] == 0)
+    assert torch.all(grad[:, t] > 0)
+    if edge > t:  # what a position may see ahead of it does reach it
+        assert torch.all(grad[:, edge] > 0)
+
+
+@pytest.mark.parametrize("name", ["documents", "documents+window"])
+def test_nothing_crosses_a_document_boundary(name):
+    T = 16
+    model = tiny_model(VOCAB, block_size=T, **PATTERNS[name])
+    torch.manual_seed(1)
+    idx = torch.randint(8, VOCAB, (2, T))
+    idx[:, 9] = EOT  # documents: positions 0..8, then 9..15 (the separator opens the second)
+    for t in (10, 15):
+        grad = gradients_reaching(model, idx, t)
+        assert torch.all(grad[:, :9] == 0)
+        assert torch.all(grad[:, 9] > 0)
+    changed = idx.clone()
+    changed[:, :9] = (changed[:, :9] + 1) % VOCAB
+    assert torch.equal(model(idx)[0][:, 9:], model(changed)[0][:, 9:])
+
+
+def test_sinks_see_only_their_own_past():
+    """A sink is visible to every later query, so a sink that saw later tokens would hand them to
+    every query: its own logits and what it passes on depend on earlier tokens only."""
+    T = 16
+    model = tiny_model(VOCAB, block_size=T, attn_window=2, attn_sinks=3)
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (2, T))
+    for t in range(3):
+        grad = gradients_reaching(model, idx, t)
+        assert torch.all(grad[:, t + 1 :] == 0)
+    # and the last query, far outside the window, still hears from the first token
+    assert torch.all(gradients_reaching(model, idx, T - 1)[:, 0] > 0)
+    assert torch.all(gradients_reaching(tiny_model(VOCAB, block_size=T, attn_window=2), idx, T - 1)[:, 0] == 0)
+
+
+def test_prefix_sees_itself_both_ways():
+    T, prefix = 12, 5
+    model = tiny_model(VOCAB, block_size=T, attn_prefix_lm=True)
+    torch.manual_seed(1)
+    idx = torch.randint(0, VOCAB, (1, T))
+    grad = gradients_reaching(model, idx, 0, torch.tensor([prefix]))
+    assert torch.all(grad[:, :prefix] > 0) and torch.all(grad[:, prefix:] == 0)
+    # without a prefix the same model is causal
+    assert torch.all(gradients_reaching(model, idx, 0)[:, 1:] == 0)
+
+
+def test_plain_causal_patterns_need_no_mask():
+    assert is_plain_causal(GPTConfig())
+    assert is_plain_causal(GPTConfig(attn_sinks=4))  # sinks alone: causal queries see the first tokens anyway
+    assert not is_plain_causal(GPTConfig(attn_window=4))
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (["--model.attn_window=-1"], r"model.attn_window=-1 must be 0 \(off\) or a positive number of positions"),
+        (["--model.attn_block=-4"], r"model.attn_block=-4 must be 0 \(off\) or a positive number"),
+        (["--model.attn_sinks=-1"], r"model.attn_sinks=-1 must be 0 \(off\)"),
+        (["--model.attn_sinks=64", "--model.block_size=64"], "model.attn_sinks=64 must be smaller than block_size=64"),
+        (["--model.attn_block=8", "--model.block_size=8"], "model.attn_block=8 must be smaller than block_size=8"),
+        (
+            ["--model.attn_prefix_lm", "--model.attn_block=4"],
+            "model.attn_prefix_lm=true cannot be combined with attn_block=4: both let a query see later",
+        ),
+        (
+            ["--model.attn_prefix_lm", "--model.attn_window=4"],
+            "attn_prefix_lm=true cannot be combined with attn_window",
+        ),
+        (["--model.attn_prefix_lm", "--model.attn_documents"], "cannot be combined with attn_documents=true"),
+        (["--model.attn_block=4", "--model.attn_window=8"], "attn_block=4 cannot be combined with attn_window=8"),
+        (["--model.attn_block=4", "--model.attn_documents"], "attn_block=4 cannot be combined with attn_documents"),
+        (["--model.attn_sinks=2", "--model.attn_documents"], "attn_sinks=2 cannot be combined with attn_documents"),
+    ],
+)
+def test_impossible_patterns_name_the_key_the_value_and_what_is_accepted(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, override)
+
+
+def test_patterns_that_make_sense_together_compose():
+    assert load_config(None, ["--model.attn_window=8", "--model.attn_sinks=2"]).model.attn_sinks == 2
+    assert load_config(None, ["--model.attn_window=8", "--model.attn_documents"]).model.attn_documents
+
+
+def test_document_masking_needs_an_end_of_text_token():
+    with pytest.raises(ValueError, match="attn_documents=true needs eot_token"):
+        tiny_model(VOCAB, attn_documents=True)
