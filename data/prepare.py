@@ -142,9 +142,18 @@ def prepare(
     return meta
 
 
-def refuse_prepared(out: Path) -> None:
+def refuse_prepared(out: Path, key: str = "--out") -> None:
+    """Never write over data: a folder with meta.json holds a dataset prepared here (meta.json is
+    written last, so its presence means complete); token files without it were written by something
+    else (nanoGPT's prepare.py writes train.bin with a meta.pkl)."""
     if (out / "meta.json").exists():
-        raise UserError(f"{out} already holds a prepared dataset (delete it or choose another --out)")
+        raise UserError(f"{out} already holds a prepared dataset (delete it or choose another {key})")
+    foreign = [name for name in (f"{split}.bin" for split in SPLITS) if (out / name).exists()]
+    if foreign:
+        raise UserError(
+            f"{out} holds {' and '.join(foreign)} but no meta.json: not a dataset prepared by data/prepare.py, "
+            f"and preparing would overwrite it (move those files away or choose another {key})"
+        )
 
 
 def read_documents(corpus: Corpus, max_documents: int | None) -> Iterator[str]:
@@ -309,6 +318,7 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
     """Prepare a bundled dataset the first time it is asked for; leave everything else alone."""
     out = Path(data_dir) / dataset
     if dataset in BUNDLED and not (out / "meta.json").exists():
+        refuse_prepared(out, key="data.data_dir")
         print(f"preparing the bundled dataset {dataset!r} into {out} (once)")
         prepare_bundled(dataset, Path(data_dir))
 

@@ -17,7 +17,7 @@ from trainer.loop import Trainer
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py or sample.py
+    script: str  # the entry point: train.py, sample.py or data/prepare.py
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -32,6 +32,17 @@ class RunsCodeWhenUnpickled:
 
 def write(relative: str, text: str) -> Callable[[Path], None]:
     return lambda workspace: (workspace / relative).write_text(text)
+
+
+def write_files(*relative: str) -> Callable[..., None]:
+    """Make files (and their folders) holding text."""
+
+    def setup(workspace: Path, text: str = "someone else's\n") -> None:
+        for name in relative:
+            (workspace / name).parent.mkdir(parents=True, exist_ok=True)
+            (workspace / name).write_text(text)
+
+    return setup
 
 
 def edit_meta(**changes) -> Callable[[Path], None]:
@@ -136,6 +147,11 @@ CATALOGUE = [
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
     Case("export-a-char-level-model", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "this model reads 'char' tokens"),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
+    # files of others, never overwritten
+    Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds a model (config.json, model.safetensors)", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
+    Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
+    Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
+    Case("hand-written-run-config", "train.py", ["--config", "out/mine/config.toml"], "train.out_dir='out/mine' holds a config.toml that train.py did not write", lambda ws: write_files("out/mine/config.toml")(ws, tiny_toml("out/mine", "data"))),
 ]  # fmt: skip
 
 

@@ -25,6 +25,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 INIT_FROM = ("scratch", "resume")
 PARALLELISMS = ("ddp", "fsdp")
 WANDB_MODES = ("online", "offline")
+RUN_CONFIG_NAME = "config.toml"  # the resolved config in a run directory
+RUN_CONFIG_HEADER = "# the resolved config of the run in this directory, written by train.py\n"
 
 
 @dataclass
@@ -184,6 +186,20 @@ def config_to_toml(cfg: Config) -> str:
             lines.append(f"{key} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
+
+
+def run_config_toml(cfg: Config) -> str:
+    """The config.toml of a run directory: the resolved config under a first line that marks it as
+    written by the trainer, which may then rewrite it (a hand-written file is never overwritten)."""
+    return RUN_CONFIG_HEADER + config_to_toml(cfg)
+
+
+def is_run_config(path: Path) -> bool:
+    """Whether path is a config.toml the trainer wrote: a file starting with RUN_CONFIG_HEADER."""
+    if not path.is_file():
+        return False
+    with open(path, encoding="utf-8-sig", errors="replace") as f:
+        return f.readline() == RUN_CONFIG_HEADER
 
 
 def _toml_value(value: object) -> str:

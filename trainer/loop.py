@@ -17,7 +17,16 @@ from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
-from trainer.config import INIT_FROM, Config, TrainConfig, config_to_dict, config_to_toml
+from trainer.config import (
+    INIT_FROM,
+    RUN_CONFIG_HEADER,
+    RUN_CONFIG_NAME,
+    Config,
+    TrainConfig,
+    config_to_dict,
+    is_run_config,
+    run_config_toml,
+)
 from trainer.distributed import ParallelModel, World
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
 from trainer.optim import build_optimizer, lr_at
@@ -278,8 +287,8 @@ class Trainer:
         if not self.world.is_main:
             return None
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_open(self.run_dir / "config.toml") as f:
-            f.write(config_to_toml(self.cfg).encode("utf-8"))
+        with atomic_open(self.run_dir / RUN_CONFIG_NAME) as f:
+            f.write(run_config_toml(self.cfg).encode("utf-8"))
         log = MetricsLog(
             self.run_dir, self.cfg.wandb, config_to_dict(self.cfg), self.step if resumed else None, self.wandb_run_id
         )
@@ -298,6 +307,13 @@ class Trainer:
         """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"train.out_dir={train.out_dir!r} is a file, not a directory")
+        config_path = self.run_dir / RUN_CONFIG_NAME
+        if config_path.exists() and not is_run_config(config_path):
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} holds a {RUN_CONFIG_NAME} that train.py did not write (its first "
+                f"line is not {RUN_CONFIG_HEADER.strip()!r}), where the run's resolved config goes: move yours "
+                f"elsewhere (e.g. configs/) or choose another --train.out_dir"
+            )
         checkpoint_path = self.run_dir / CHECKPOINT_NAME
         if train.init_from == "resume":
             if not checkpoint_path.exists():

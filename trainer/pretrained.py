@@ -67,13 +67,19 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
     loads. The weights keep their dtype; a model trained without biases gets zero biases."""
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--export={str(directory)!r} is a file, not a directory")
+    held = _model_files(directory)
+    if held:
+        raise UserError(
+            f"--export={str(directory)!r} already holds a model ({', '.join(held)}), which the export would "
+            f"replace: export into a new or empty directory"
+        )
     if tokenizer.name != "gpt2":
         raise UserError(
             f"--export writes a GPT-2 directory, whose readers use GPT-2 BPE, but this model reads "
             f"{tokenizer.name!r} tokens (export a model trained on a GPT-2 BPE dataset)"
         )
-    if directory.exists() and not directory.is_dir():
-        raise UserError(f"--export={str(directory)!r} is a file, not a directory")
     directory.mkdir(parents=True, exist_ok=True)
     config = hf_config(model.config, tokenizer.eot_token)
     config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
@@ -81,3 +87,11 @@ def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
         write_safetensors(state_dict_to_hf(model), f, metadata={"format": "pt"})
     with atomic_open(directory / "config.json") as f:
         f.write((json.dumps(config, indent=2) + "\n").encode("utf-8"))
+
+
+def _model_files(directory: Path) -> list[str]:
+    """The files of a Hugging Face model in directory: its config and weights, in any format."""
+    if not directory.is_dir():
+        return []
+    weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
+    return sorted(p.name for p in directory.iterdir() if p.name == "config.json" or p.name.endswith(weights))
