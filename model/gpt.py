@@ -93,6 +93,15 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    def num_params(self) -> int:
+        """The parameters of GPT(self), counted without building it; the output layer is the token
+        embedding (tied) and counts once."""
+        C = self.n_embd
+        biases = 11 * C if self.bias else 0  # 2 LayerNorms, c_attn (3C), c_proj, c_fc (4C), MLP c_proj
+        per_block = 12 * C * C + 2 * C + biases  # attention 4 C^2, MLP 8 C^2, 2 LayerNorm weights
+        ln_f = 2 * C if self.bias else C
+        return self.n_layer * per_block + (self.vocab_size + self.block_size) * C + ln_f
+
 
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig):

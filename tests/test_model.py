@@ -32,6 +32,12 @@ def test_output_layer_is_tied_to_token_embedding():
     assert model.num_params(non_embedding=False) == sum(p.numel() for p in set(model.parameters()))
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_config_counts_the_parameters_of_the_model_it_describes(bias):
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=8, block_size=5, vocab_size=11, bias=bias)
+    assert config.num_params() == GPT(config).num_params(non_embedding=False)
+
+
 def test_bias_false_removes_every_bias():
     model = tiny_model(bias=False)
     assert not [name for name in model.state_dict() if name.endswith("bias")]

@@ -156,11 +156,21 @@ def build_config(values: dict[str, dict[str, object]]) -> Config:
     """Build the tree from {section: {key: value}}, values already of the right types."""
     sections = {}
     for name, cls in SECTIONS.items():
+        _check_int_range(name, values.get(name, {}))
         try:
             sections[name] = cls(**values.get(name, {}))
         except ValueError as e:
             raise ConfigError(f"{name}.{e}") from None
     return Config(**sections)
+
+
+def _check_int_range(section: str, values: dict[str, object]) -> None:
+    """Integers fit in 64 bits: torch's seeds and counters, and the checkpoint, hold no larger ones."""
+    for key, value in values.items():
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise ConfigError(
+                f"{section}.{key}={value} is too large: a config integer is at most 2**63 - 1 = {2**63 - 1:,}"
+            )
 
 
 def config_from_dict(raw: dict, source: str) -> Config:

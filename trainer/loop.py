@@ -31,7 +31,7 @@ from trainer.distributed import ParallelModel, World
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
-from trainer.runtime import autocast, enable_tf32, resolve_dtype
+from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 
 
 class Trainer:
@@ -65,6 +65,7 @@ class Trainer:
 
         if self.device.type == "cuda":
             enable_tf32()
+        _check_fits_in_memory(cfg, self.device, self.dtype, self.world.size if train.parallelism == "fsdp" else 1)
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
         if pretrained is not None:
@@ -419,6 +420,28 @@ def _check_init_from(init_from: str) -> None:
     raise UserError(
         f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
         f"new run, resume to continue the run in train.out_dir, or the path of a Hugging Face GPT-2 directory{hint})"
+    )
+
+
+def _check_fits_in_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int) -> None:
+    """Refuse, before building anything, a model or a micro-batch that cannot fit: what is counted
+    here is needed whatever else the run holds."""
+    model = cfg.model
+    params = model.num_params()
+    check_fits_in_memory(
+        16 * params // shards,  # float32 weights, gradients and AdamW's two moments: 4 bytes each
+        device,
+        f"a model of {params:,} parameters (model.n_layer={model.n_layer}, n_embd={model.n_embd}, "
+        f"vocab_size={model.vocab_size}, block_size={model.block_size}) and its gradients and optimizer state",
+        "choose smaller model.n_layer, n_embd or vocab_size",
+    )
+    tokens = cfg.data.batch_size * model.block_size
+    check_fits_in_memory(
+        tokens * model.vocab_size * dtype.itemsize,
+        device,
+        f"the logits of one micro-batch of data.batch_size={cfg.data.batch_size} x model.block_size="
+        f"{model.block_size} tokens",
+        "lower data.batch_size and raise train.gradient_accumulation_steps to keep the tokens per step",
     )
 
 
