@@ -1,7 +1,7 @@
 """Run by tests/test_distributed.py under torchrun: one optimizer step of a tiny model with the
-given parallelism on fixed data, each process taking its own rows. Rank 0 saves the full gradients
-the optimizer was handed, the full weights after the step, and whether the processes' own data
-samplers drew different batches."""
+given parallelism and optimizer on fixed data, each process taking its own rows. Rank 0 saves the
+full gradients the optimizer was handed, the full weights after the step, and whether the
+processes' own data samplers drew different batches."""
 
 import sys
 from pathlib import Path
@@ -12,7 +12,7 @@ from tests.conftest import FixedBatches, capture_gradients, fixed_tokens, tiny_c
 from trainer.loop import Trainer
 
 
-def main(parallelism: str, data_dir: str, out_path: str) -> None:
+def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw") -> None:
     batch_size, accumulation = 2, 4  # 2 sequences per micro-batch, 4 micro-batches per step over all processes
     cfg = tiny_config(
         Path(out_path).parent / f"run-{parallelism}",
@@ -20,6 +20,7 @@ def main(parallelism: str, data_dir: str, out_path: str) -> None:
         data__batch_size=batch_size,
         train__gradient_accumulation_steps=accumulation,
         train__parallelism=parallelism,
+        optim__optimizer=optimizer,
     )
     trainer = Trainer(cfg)
     world = trainer.world

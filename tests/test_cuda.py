@@ -35,7 +35,8 @@ def test_mixed_precision_training_lowers_the_loss_on_cuda(tmp_path, data_dir, dt
         )  # fmt: skip
     )
     assert trainer.model.lm_head.weight.is_cuda
-    assert trainer.optimizer.defaults["fused"] is True
+    (adamw,) = trainer.optimizer.optimizers
+    assert adamw.defaults["fused"] is True
     assert trainer.scaler.is_enabled() == (dtype == "float16")
     x, y = trainer.batches.next_batch()
     assert x.is_cuda and y.is_cuda

@@ -30,20 +30,30 @@ def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
-def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(parallelism, data_dir, tmp_path):
+@pytest.mark.parametrize(
+    "parallelism,optimizer", [("ddp", "adamw"), ("fsdp", "adamw"), ("ddp", "muon"), ("fsdp", "muon")]
+)
+def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(parallelism, optimizer, data_dir, tmp_path):
     out_path = tmp_path / "after_step.pt"
-    torchrun(str(PROJECT_ROOT / "tests" / "distributed_worker.py"), parallelism, str(data_dir), str(out_path))
+    worker = str(PROJECT_ROOT / "tests" / "distributed_worker.py")
+    torchrun(worker, parallelism, str(data_dir), str(out_path), optimizer)
     distributed = torch.load(out_path, weights_only=True)
     assert distributed["world_size"] == 2
     assert distributed["ranks_drew_different_batches"]
 
     # one process, batch 4 x 2 micro-batches: the same 8 rows as 2 processes x batch 2 x 2 micro-batches each
-    cfg = tiny_config(tmp_path / "single", data_dir, data__batch_size=4, train__gradient_accumulation_steps=2)
+    cfg = tiny_config(
+        tmp_path / "single",
+        data_dir,
+        data__batch_size=4,
+        train__gradient_accumulation_steps=2,
+        optim__optimizer=optimizer,
+    )
     trainer = Trainer(cfg)
     x, y = fixed_tokens(8, cfg.model.block_size, trainer.cfg.model.vocab_size)
     trainer.batches = FixedBatches(x, y, 4)
     gradients = capture_gradients(trainer)
+    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
     trainer.train_step(lr=1e-3)
     weights = trainer.model.state_dict()
 
@@ -54,8 +64,16 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     # AdamW's first step moves each weight by about lr * g / (|g| + eps): where |g| is within float32
     # rounding of zero, the sign of a 1e-9 difference decides the step. So every weight agrees within
     # 1e-6 except a few whose gradient is that small (and the gradients themselves agree, above).
+    # Muon orthogonalises in bfloat16, where a 1e-9 change of the gradient may flip a rounding, and
+    # its Newton-Schulz iteration multiplies the smallest singular directions by about 3.4 per
+    # iteration: its steps agree to a few percent, not to float32 precision.
+    muon_params = set(trainer.optimizer.optimizers[0].param_groups[0]["params"]) if optimizer == "muon" else set()
     differing = 0
     for name, grad in gradients.items():
+        if trainer.model.get_parameter(name) in muon_params:
+            step = (weights[name] - before[name]).norm()
+            assert (distributed["model"][name] - weights[name]).norm() < 0.05 * step, name
+            continue
         off = (distributed["model"][name] - weights[name]).abs() > 1e-6
         assert (grad[off].abs() < 1e-6).all(), name
         differing += off.sum().item()

@@ -23,6 +23,8 @@ DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")  # group 1: the GPU
 DEVICES = "auto, cpu, cuda, cuda:N, mps"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 INIT_FROM = ("scratch", "resume")
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "wsd")
 PARALLELISMS = ("ddp", "fsdp")
 WANDB_MODES = ("online", "offline")
 RUN_CONFIG_NAME = "config.toml"  # the resolved config in a run directory
@@ -43,15 +45,24 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    learning_rate: float = 6e-4  # peak LR, reached at the end of warmup
-    min_lr: float = 6e-5  # LR at the end of the cosine decay, and after it
+    optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' weight matrices, AdamW for the rest
+    learning_rate: float = 6e-4  # AdamW's peak LR, reached at the end of warmup
+    min_lr: float = 6e-5  # AdamW's LR at the end of the decay, and after it
+    schedule: str = "cosine"  # after warmup: "cosine" decay to min_lr, or "wsd" (stable, then linear decay)
     warmup_iters: int = 2000  # steps of linear warmup up to learning_rate
-    lr_decay_iters: int = 600000  # step at which the cosine decay reaches min_lr
+    lr_decay_iters: int = 600000  # step at which the decay reaches min_lr
+    cooldown_frac: float = 0.2  # wsd: the last fraction of lr_decay_iters, spent decaying linearly to min_lr
     weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
     beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
     beta2: float = 0.95  # AdamW decay rate of the squared gradient's running mean
+    muon_lr: float = 0.02  # muon: Muon's peak LR; its schedule is AdamW's times muon_lr / learning_rate
+    muon_momentum: float = 0.95  # muon: decay rate of Muon's (Nesterov) momentum
+    muon_weight_decay: float = 0.0  # muon: decoupled weight decay on the matrices Muon updates
+    muon_ns_steps: int = 5  # muon: Newton-Schulz iterations that orthogonalise each update
 
     def __post_init__(self):
+        _check_choice(self, "optimizer", OPTIMIZERS)
+        _check_choice(self, "schedule", SCHEDULES)
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be positive")
         if not 0 <= self.min_lr <= self.learning_rate:
@@ -62,9 +73,28 @@ class OptimConfig:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay} must be 0 or more")
-        for name in ("beta1", "beta2"):
+        for name in ("beta1", "beta2", "muon_momentum"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
+        if self.muon_lr <= 0:
+            raise ValueError(f"muon_lr={self.muon_lr} must be positive")
+        if self.muon_weight_decay < 0:
+            raise ValueError(f"muon_weight_decay={self.muon_weight_decay} must be 0 or more")
+        if not 0 < self.muon_ns_steps < 100:  # torch's Muon refuses 100 or more
+            raise ValueError(f"muon_ns_steps={self.muon_ns_steps} must be between 1 and 99")
+        if not 0 < self.cooldown_frac <= 1:
+            raise ValueError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
+        if self.schedule == "wsd" and self.wsd_decay_start < self.warmup_iters:
+            raise ValueError(
+                f"cooldown_frac={self.cooldown_frac} starts the decay at step {self.wsd_decay_start} of "
+                f"lr_decay_iters={self.lr_decay_iters}, before warmup_iters={self.warmup_iters} ends "
+                f"(lower cooldown_frac or warmup_iters)"
+            )
+
+    @property
+    def wsd_decay_start(self) -> int:
+        """The step at which the wsd schedule leaves learning_rate and starts its linear decay."""
+        return self.lr_decay_iters - round(self.cooldown_frac * self.lr_decay_iters)
 
 
 @dataclass

@@ -11,6 +11,7 @@ identity.
 import contextlib
 import os
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -170,14 +171,17 @@ class ParallelModel:
             self.module.set_requires_gradient_sync(enabled)
         return contextlib.nullcontext()
 
-    def state_dicts(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-        """Full model and optimizer state on the CPU, keyed by parameter name. With FSDP this
+    def state_dicts(self, optimizers: Iterable[torch.optim.Optimizer]) -> tuple[dict, dict]:
+        """Full model and optimizer state on the CPU, keyed by parameter name (the states of
+        several optimizers merge into one dict, as each owns its own parameters). With FSDP this
         gathers the shards, so every process must call it."""
         model_state = get_model_state_dict(self.model, options=FULL_STATE)
-        optimizer_state = get_optimizer_state_dict(self.model, optimizer, options=FULL_STATE)
+        optimizer_state = get_optimizer_state_dict(self.model, tuple(optimizers), options=FULL_STATE)
         return model_state, optimizer_state
 
-    def load_state_dicts(self, optimizer: torch.optim.Optimizer, model_state: dict, optimizer_state: dict) -> None:
+    def load_state_dicts(
+        self, optimizers: Iterable[torch.optim.Optimizer], model_state: dict, optimizer_state: dict
+    ) -> None:
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, model_state, options=options)
-        set_optimizer_state_dict(self.model, optimizer, optimizer_state, options=options)
+        set_optimizer_state_dict(self.model, tuple(optimizers), optimizer_state, options=options)

@@ -151,8 +151,7 @@ class Trainer:
         micro-batches; returns its mean loss (a tensor on the device: reading it forces a sync, so
         only logging does)."""
         train = self.cfg.train
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizer.set_lr(lr)
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
         total_loss = torch.zeros((), device=self.device)
         for micro_batch in range(micro_batches):
@@ -479,7 +478,7 @@ def _with_document_separator(cfg: Config, dataset_meta: dict) -> Config:
 
 
 def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir: Path) -> None:
-    """The model and the tokenizer must be those of the run being resumed."""
+    """The model, the optimizer and the tokenizer must be those of the run being resumed."""
     saved_model = checkpoint["config"]["model"]
     defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
     for key, value in config_to_dict(cfg)["model"].items():
@@ -489,6 +488,12 @@ def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir:
                 f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
                 f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
             )
+    saved_optimizer = checkpoint["config"]["optim"].get("optimizer", "adamw")  # older runs: AdamW
+    if saved_optimizer != cfg.optim.optimizer:
+        raise UserError(
+            f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with {saved_optimizer!r}, "
+            f"whose state does not carry over (resume with the run's own config: --config {run_dir / 'config.toml'})"
+        )
     saved_dataset = checkpoint["dataset"]
     for key in ("tokenizer", "vocab_size"):
         if saved_dataset.get(key) != dataset_meta.get(key):

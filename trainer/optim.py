@@ -1,6 +1,8 @@
-"""AdamW with weight decay on matrices only, and the learning-rate schedule."""
+"""The optimizers (AdamW alone, or Muon for the blocks' weight matrices with AdamW for the rest)
+and the learning-rate schedule."""
 
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -8,24 +10,82 @@ import torch.nn as nn
 from trainer.config import OptimConfig
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """Weight decay on 2-D+ parameters (Linear weights, embeddings); none on biases and LayerNorm
-    gains, which only shift or scale and gain nothing from being pulled toward zero."""
+class Optimizers:
+    """The run's torch optimizers, stepped together; each owns its own parameters.
+
+    Each optimizer follows the one schedule, scaled to its own peak rate: its rate is
+    lr_scale * lr_at(step), where lr_scale is its peak over optim.learning_rate. The scales live
+    here, not in the param groups, so a resumed run takes them from its config, not from the
+    checkpoint. Duck-types the parts of torch.optim.Optimizer that GradScaler uses (param_groups,
+    step); torch.distributed.checkpoint takes the optimizers themselves (`optimizers`)."""
+
+    def __init__(self, parts: list[tuple[torch.optim.Optimizer, float]]):
+        self.parts = parts  # (optimizer, lr_scale)
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        return [optimizer for optimizer, _ in self.parts]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def set_lr(self, lr: float) -> None:
+        for optimizer, lr_scale in self.parts:
+            for group in optimizer.param_groups:
+                group["lr"] = lr * lr_scale
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def __iter__(self) -> Iterator[torch.optim.Optimizer]:
+        return iter(self.optimizers)
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) -> Optimizers:
+    """optim.optimizer="adamw": AdamW for every parameter. "muon": Muon for the 2-D weight matrices
+    inside the transformer blocks (model.transformer.h), AdamW for the rest (embeddings, output
+    head, norms, biases): Muon orthogonalises an update as a whole matrix, which suits the hidden
+    linear maps but not a lookup table or a vector.
+
+    AdamW puts weight decay on 2-D+ parameters (Linear weights, embeddings) only: biases and norm
+    gains only shift or scale and gain nothing from being pulled toward zero."""
     params = [p for p in model.parameters() if p.requires_grad]
+    parts = []
+    if cfg.optimizer == "muon":
+        hidden = {id(p) for p in model.transformer.h.parameters() if p.dim() == 2}
+        matrices = [p for p in params if id(p) in hidden]
+        params = [p for p in params if id(p) not in hidden]
+        muon = torch.optim.Muon(
+            matrices,
+            lr=cfg.muon_lr,
+            weight_decay=cfg.muon_weight_decay,
+            momentum=cfg.muon_momentum,
+            ns_steps=cfg.muon_ns_steps,
+        )
+        parts.append((muon, cfg.muon_lr / cfg.learning_rate))
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
+    adamw = torch.optim.AdamW(
         groups,
         lr=cfg.learning_rate,
         betas=(cfg.beta1, cfg.beta2),
         fused=device.type == "cuda",  # one kernel for the whole update instead of several per tensor
     )
+    parts.append((adamw, 1.0))
+    return Optimizers(parts)
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:
-    """Linear warmup over warmup_iters steps, cosine decay to min_lr at lr_decay_iters, then min_lr.
+    """Linear warmup over warmup_iters steps, then optim.schedule's decay to min_lr at
+    lr_decay_iters, then min_lr.
 
     A pure function of the step rather than a torch scheduler object: nothing to save in a
     checkpoint, and a resumed run gets exactly the same rates."""
@@ -33,6 +93,22 @@ def lr_at(step: int, cfg: OptimConfig) -> float:
         return cfg.learning_rate * (step + 1) / (cfg.warmup_iters + 1)
     if step >= cfg.lr_decay_iters:
         return cfg.min_lr
-    progress = (step - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # 0 -> 1
-    coeff = 0.5 * (1.0 + math.cos(math.pi * progress))  # 1 -> 0
+    coeff = DECAYS[cfg.schedule](step, cfg)  # 1 -> 0
     return cfg.min_lr + coeff * (cfg.learning_rate - cfg.min_lr)
+
+
+def _cosine(step: int, cfg: OptimConfig) -> float:
+    """Half a cosine from the end of warmup to lr_decay_iters."""
+    progress = (step - cfg.warmup_iters) / (cfg.lr_decay_iters - cfg.warmup_iters)  # 0 -> 1
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _warmup_stable_decay(step: int, cfg: OptimConfig) -> float:
+    """The peak rate until the last cooldown_frac of lr_decay_iters, then a straight line down."""
+    decay_start = cfg.wsd_decay_start
+    if step < decay_start:
+        return 1.0
+    return 1.0 - (step - decay_start) / (cfg.lr_decay_iters - decay_start)
+
+
+DECAYS = {"cosine": _cosine, "wsd": _warmup_stable_decay}  # keys: the values of optim.schedule
