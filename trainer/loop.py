@@ -29,6 +29,7 @@ from trainer.config import (
 )
 from trainer.distributed import ParallelModel, World
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
+from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
 from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
@@ -76,6 +77,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         # each process draws its own windows (seed + rank), so the processes train on different data
         self.batches = self._train_windows(train.seed + self.world.rank)
+        self.objective = Objective(cfg.model, train.seed + self.world.rank)  # prefix lengths, targets
         self.step = 0
         self.wandb_run_id = None
         if checkpoint is not None:
@@ -155,11 +157,11 @@ class Trainer:
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
         total_loss = torch.zeros((), device=self.device)
         for micro_batch in range(micro_batches):
-            x, y = self.batches.next_batch()
+            x, y, prefix = self.objective(*self.batches.next_batch())
             # processes average their gradients once per step, in the last micro-batch's backward
             with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
                 with autocast(self.device, self.dtype):
-                    _, loss = self.forward(x, y)
+                    _, loss = self.forward(x, y, prefix=prefix)
                 # dividing by the micro-batch count makes the summed gradients those of the mean loss
                 self.scaler.scale(loss / micro_batches).backward()
             total_loss += loss.detach()
@@ -187,11 +189,12 @@ class Trainer:
                 train.seed + self.world.size + self.world.rank,  # apart from every process's training seed
                 self.device,
             )
+            objective = Objective(self.cfg.model, train.seed + self.world.size + self.world.rank)
             total = torch.zeros((), device=self.device)
             for _ in range(train.eval_iters):
-                x, y = windows.next_batch()
+                x, y, prefix = objective(*windows.next_batch())
                 with autocast(self.device, self.dtype):
-                    _, loss = self.forward(x, y)
+                    _, loss = self.forward(x, y, prefix=prefix)
                 total += loss.float()
             losses[split] = self.world.mean(total / train.eval_iters).item()
         self.model.train()
@@ -229,6 +232,7 @@ class Trainer:
             "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]),
             "python": random.getstate(),
             "train_batches": self.batches.state_dict(),
+            "train_objective": self.objective.state_dict(),
         }
 
     def _set_rng_state(self, rng: dict) -> None:
@@ -241,6 +245,8 @@ class Trainer:
         np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
         random.setstate(rng["python"])
         self.batches.load_state_dict(rng["train_batches"])
+        if "train_objective" in rng:  # checkpoints from before prefix-LM have none: nothing was drawn
+            self.objective.load_state_dict(rng["train_objective"])
 
     def _train_windows(self, seed: int) -> RandomWindows:
         data, block_size = self.cfg.data, self.cfg.model.block_size
@@ -350,6 +356,7 @@ class Trainer:
         seed = self.cfg.train.seed + self.step * self.world.size + self.world.rank
         torch.manual_seed(seed)
         self.batches = self._train_windows(seed)
+        self.objective = Objective(self.cfg.model, seed)
         self._print(
             f"the checkpoint was written by {len(saved_rng)} process(es), this run has {self.world.size}: "
             f"batches and dropout follow new seeds, so the run will not repeat an uninterrupted one exactly"
