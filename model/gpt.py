@@ -1,7 +1,12 @@
 """A GPT-2 style decoder-only transformer.
 
-Read top to bottom: the config, the model's forward pass, then the block and MLP it is built from.
-Attention is in attention.py and the KV cache in kv_cache.py, beside this file.
+Read top to bottom: the config, the model's forward pass, then the block, norms and MLPs it is
+built from. Attention is in attention.py, the attention patterns in masks.py and the KV cache in
+kv_cache.py, beside this file.
+
+The defaults are GPT-2. A few keys swap in later practice (RMSNorm, a ReLU^2 or SwiGLU MLP, an
+untied output head, soft-capped logits); each is resolved once, when the model is built, into the
+module it names, so forward() reads the same for every choice.
 
 Parameter names follow GPT-2's layout (transformer.wte, transformer.h.0.attn.c_attn, ...), so
 GPT-2 weights map one to one; GPT-2 stores its Linear weights transposed (Conv1D), nothing else
@@ -33,6 +38,9 @@ PATTERN_CONFLICTS = {
     ("attn_sinks", "attn_documents"): "every document would see the first tokens of the row's first document",
 }
 
+# keys that make the model compute something other than GPT-2 when they leave their defaults
+ARCHITECTURE_KEYS = ("norm", "mlp", "tie_embeddings", "logit_softcap")
+
 
 def _toml(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -47,6 +55,10 @@ class GPTConfig:
     vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
     dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+    norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtracted, no bias)
+    mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (gated, 2/3 as wide: as many weights)
+    tie_embeddings: bool = True  # the output head is the token embedding (GPT-2); false: its own, zero-initialised
+    logit_softcap: float = 0.0  # logits become cap * tanh(logits / cap), bounded by +-cap; 0 = off
     # attention pattern (model/masks.py); all off is plain causal attention
     attn_window: int = 0  # sliding window: a query sees the last attn_window positions, itself included; 0 = all
     attn_sinks: int = 0  # the first attn_sinks positions stay visible to all later queries as the window slides
@@ -68,6 +80,11 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        for name, choices in (("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        if self.logit_softcap < 0:
+            raise ValueError(f"logit_softcap={self.logit_softcap} must be 0 (off) or a positive cap")
         self._check_pattern()
 
     def _check_pattern(self) -> None:
@@ -93,14 +110,23 @@ class GPTConfig:
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
 
+    @property
+    def mlp_hidden(self) -> int:
+        """The MLP's hidden width: 4 * n_embd, or 2/3 of that for SwiGLU, whose three matrices then
+        hold as many weights as the two of the others (LLaMA's choice)."""
+        return 8 * self.n_embd // 3 if self.mlp == "swiglu" else 4 * self.n_embd
+
     def num_params(self) -> int:
-        """The parameters of GPT(self), counted without building it; the output layer is the token
-        embedding (tied) and counts once."""
-        C = self.n_embd
-        biases = 11 * C if self.bias else 0  # 2 LayerNorms, c_attn (3C), c_proj, c_fc (4C), MLP c_proj
-        per_block = 12 * C * C + 2 * C + biases  # attention 4 C^2, MLP 8 C^2, 2 LayerNorm weights
-        ln_f = 2 * C if self.bias else C
-        return self.n_layer * per_block + (self.vocab_size + self.block_size) * C + ln_f
+        """The parameters of GPT(self), counted without building it; a tied output layer is the
+        token embedding and counts once."""
+        C, hidden = self.n_embd, self.mlp_hidden
+        norm = 2 * C if self.norm == "layernorm" and self.bias else C  # gain, and bias
+        attention = 4 * C * C + (4 * C if self.bias else 0)  # c_attn (3C outputs), c_proj
+        mlp_matrices = 3 if self.mlp == "swiglu" else 2  # SwiGLU's c_fc holds gate and value
+        mlp = mlp_matrices * C * hidden + ((mlp_matrices - 1) * hidden + C if self.bias else 0)
+        per_block = 2 * norm + attention + mlp
+        head = 0 if self.tie_embeddings else self.vocab_size * C
+        return self.n_layer * per_block + (self.vocab_size + self.block_size) * C + norm + head
 
 
 class GPT(nn.Module):
@@ -121,18 +147,24 @@ class GPT(nn.Module):
                 wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config, layer_idx) for layer_idx in range(config.n_layer)]),
-                ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+                ln_f=norm_layer(config),
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        # the output projection shares the token embedding's weights (GPT-2 ties them)
-        self.lm_head.weight = self.transformer.wte.weight
+        if config.tie_embeddings:
+            # the output projection shares the token embedding's weights (GPT-2 ties them)
+            self.lm_head.weight = self.transformer.wte.weight
+        self.softcap = SoftCap(config.logit_softcap) if config.logit_softcap > 0 else nn.Identity()
         self.apply(_init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 # scale residual projections by 1/sqrt(2 * n_layer) so the residual stream does not
                 # grow with depth: each block adds two of them (GPT-2 paper, section 2.3)
                 nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        if not config.tie_embeddings:
+            # an untied head starts at zero (as in modded-nanogpt): the first prediction is uniform,
+            # and the head grows from what the blocks learn to say
+            nn.init.zeros_(self.lm_head.weight)
 
     def forward(
         self,
@@ -171,7 +203,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.advance(T)
-        logits = self.lm_head(x)  # (B, T, vocab_size)
+        logits = self.softcap(self.lm_head(x))  # (B, T, vocab_size)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
@@ -213,23 +245,26 @@ class GPT(nn.Module):
         return KVCache(cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, weight.device, weight.dtype, static)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count. The tied token embedding counts once (it is also the output layer);
-        non_embedding leaves out the position embedding, which does no matrix multiply."""
+        """Parameter count. A tied token embedding counts once (it is also the output layer);
+        non_embedding leaves out the tables that do no matrix multiply: the position embedding, and
+        the token embedding when the head is untied."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.transformer.wte.weight.numel()
         return n
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm_layer(config)
         self.attn = CausalSelfAttention(config.n_embd, config.n_head, config.dropout, config.bias, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
-        self.mlp = MLP(config)
+        self.ln_2 = norm_layer(config)
+        self.mlp = MLPS[config.mlp](config)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), mask, cache)
@@ -237,18 +272,69 @@ class Block(nn.Module):
         return x
 
 
-class MLP(nn.Module):
-    """Position-wise feed-forward network, 4x wide, with GPT-2's tanh-approximated GELU."""
+def norm_layer(config: GPTConfig) -> nn.Module:
+    """The normalisation config.norm names, over the n_embd features of each position."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(config.n_embd, eps=1e-5)  # x / rms(x) * gain: no mean to subtract, no bias
+    return nn.LayerNorm(config.n_embd, bias=config.bias)
 
-    def __init__(self, config: GPTConfig):
+
+class MLP(nn.Module):
+    """Position-wise feed-forward network, 4x wide: c_proj(act(c_fc(x))), with GPT-2's
+    tanh-approximated GELU or with ReLU squared (So et al., Primer, 2021; modded-nanogpt)."""
+
+    def __init__(self, config: GPTConfig, activation: nn.Module):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_fc = nn.Linear(config.n_embd, config.mlp_hidden, bias=config.bias)
+        self.act = activation
+        self.c_proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class ReLUSquared(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
+class SwiGLU(nn.Module):
+    """Gated feed-forward network: c_proj(silu(gate) * value), with gate and value from one c_fc
+    (Shazeer, GLU Variants Improve Transformer, 2020)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.hidden = config.mlp_hidden
+        self.c_fc = nn.Linear(config.n_embd, 2 * self.hidden, bias=config.bias)  # gate and value
+        self.c_proj = nn.Linear(self.hidden, config.n_embd, bias=config.bias)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.c_fc(x).split(self.hidden, dim=-1)  # (B, T, hidden) each
+        return self.dropout(self.c_proj(F.silu(gate) * value))
+
+
+class SoftCap(nn.Module):
+    """cap * tanh(x / cap): close to x where |x| << cap, never beyond +-cap (Gemma 2; modded-nanogpt)."""
+
+    def __init__(self, cap: float):
+        super().__init__()
+        self.cap = cap
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cap * torch.tanh(x / self.cap)
+
+    def extra_repr(self) -> str:
+        return f"cap={self.cap}"
+
+
+NORMS = ("layernorm", "rmsnorm")  # the values of config.norm, built by norm_layer
+MLPS = {  # the values of config.mlp, each with the module it builds
+    "gelu": lambda config: MLP(config, nn.GELU(approximate="tanh")),
+    "relu2": lambda config: MLP(config, ReLUSquared()),
+    "swiglu": SwiGLU,
+}
 
 
 def _init_weights(module: nn.Module) -> None:

@@ -17,7 +17,7 @@ from typing import BinaryIO
 
 import torch
 
-from .gpt import GPT, GPTConfig
+from .gpt import ARCHITECTURE_KEYS, GPT, GPTConfig
 
 SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -180,6 +180,16 @@ def _read_weights(directory: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     if pickled.is_file():
         return pickled, torch.load(pickled, map_location="cpu", weights_only=True)
     raise ValueError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+
+
+def gpt2_difference(config: GPTConfig) -> tuple[str, object, object] | None:
+    """The first architecture key in which config is not GPT-2, with its value and GPT-2's, or None
+    when the model is GPT-2 (of any size)."""
+    gpt2 = GPTConfig()
+    for key in ARCHITECTURE_KEYS:
+        if getattr(config, key) != getattr(gpt2, key):
+            return key, getattr(config, key), getattr(gpt2, key)
+    return None
 
 
 def hf_config(config: GPTConfig, eos_token_id: int | None) -> dict:

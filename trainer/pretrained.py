@@ -13,7 +13,7 @@ from data.files import atomic_open
 from data.tokenizer import GPT2Tokenizer, Tokenizer
 from errors import UserError
 from model import GPT, GPTConfig
-from model.hf_gpt2 import hf_config, load_gpt2_dir, state_dict_to_hf, write_safetensors
+from model.hf_gpt2 import gpt2_difference, hf_config, load_gpt2_dir, state_dict_to_hf, write_safetensors
 from trainer.config import Config
 
 WEIGHTS_NAME = "model.safetensors"
@@ -55,6 +55,9 @@ def with_gpt2_shape(cfg: Config, gpt2: GPTConfig, dataset_meta: dict) -> Config:
             f"model.block_size={cfg.model.block_size} is longer than the {gpt2.block_size} positions of the "
             f"GPT-2 weights in train.init_from={source!r} (use at most {gpt2.block_size})"
         )
+    _require_gpt2_architecture(
+        cfg.model, f"train.init_from={source!r} holds GPT-2 weights", "fine-tuning keeps GPT-2's architecture"
+    )
     shape = {name: getattr(gpt2, name) for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias")}
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
 
@@ -75,6 +78,9 @@ def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
             f"--export={str(directory)!r} already holds a model ({', '.join(held)}), which the export would "
             f"replace: export into a new or empty directory"
         )
+    _require_gpt2_architecture(
+        model.config, "--export writes a GPT-2 model", "only a model with GPT-2's architecture can be exported"
+    )
     if tokenizer.name != "gpt2":
         raise UserError(
             f"--export writes a GPT-2 directory, whose readers use GPT-2 BPE, but this model reads "
@@ -95,3 +101,14 @@ def _model_files(directory: Path) -> list[str]:
         return []
     weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
     return sorted(p.name for p in directory.iterdir() if p.name == "config.json" or p.name.endswith(weights))
+
+
+def _require_gpt2_architecture(config: GPTConfig, context: str, reason: str) -> None:
+    """One line naming the first architecture key in which config is not GPT-2, if any."""
+    difference = gpt2_difference(config)
+    if difference is not None:
+        key, value, gpt2 = difference
+        raise UserError(
+            f"{context}, but model.{key}={json.dumps(value)} is not GPT-2's {json.dumps(gpt2)} ({reason}: "
+            f"set model.{key}={json.dumps(gpt2)})"
+        )

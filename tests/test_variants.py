@@ -1,0 +1,147 @@
+"""Architecture switches (norm, mlp, tie_embeddings, logit_softcap): each trains, stays causal,
+decodes through the cache as the full forward pass does, and is refused where GPT-2 is required."""
+
+import math
+
+import pytest
+import torch
+
+from data.tokenizer import GPT2Tokenizer
+from errors import ConfigError, UserError
+from model import GPT, GPTConfig
+from tests.conftest import tiny_model
+from tests.test_kv_cache import decode_with_cache
+from trainer.config import build_config, load_config
+from trainer.pretrained import export_gpt2, with_gpt2_shape
+
+VOCAB = 50
+BLOCK = 32
+VARIANTS = {
+    "rmsnorm": {"norm": "rmsnorm"},
+    "relu2": {"mlp": "relu2"},
+    "swiglu": {"mlp": "swiglu"},
+    "untied": {"tie_embeddings": False},
+    "softcap": {"logit_softcap": 15.0},
+    "all": {"norm": "rmsnorm", "mlp": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0, "bias": False},
+}
+
+
+def randomised(variant: dict) -> GPT:
+    """A tiny model of the variant whose zero-initialised head is made random, so that every
+    logit depends on the input (a zero head would hide causality and cache mistakes)."""
+    model = tiny_model(VOCAB, BLOCK, **variant)
+    if not model.config.tie_embeddings:
+        torch.nn.init.normal_(model.lm_head.weight, std=0.02, generator=torch.Generator().manual_seed(2))
+    return model
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_each_variant_learns_a_batch(variant):
+    model = tiny_model(VOCAB, BLOCK, **variant).train()
+    idx = torch.randint(0, VOCAB, (4, BLOCK), generator=torch.Generator().manual_seed(1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(15):
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0] - 1.0
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_each_variant_is_causal(variant):
+    model = randomised(variant)
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    changed = idx.clone()
+    changed[:, 11:] = (idx[:, 11:] + 1) % VOCAB
+    logits, _ = model(idx)
+    changed_logits, _ = model(changed)
+    assert torch.equal(logits[:, :11], changed_logits[:, :11])
+    assert not torch.allclose(logits[:, 11:], changed_logits[:, 11:])
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_each_variant_decodes_through_the_cache_as_the_full_forward_pass(variant):
+    model = randomised(variant)
+    idx = torch.randint(0, VOCAB, (3, BLOCK), generator=torch.Generator().manual_seed(1))
+    full, _ = model(idx)
+    for static in (False, True):
+        cached = decode_with_cache(model, idx, prompt_len=7, static=static)
+        assert (cached - full).abs().max().item() < 1e-5
+
+
+def test_swiglu_has_about_the_parameters_of_the_gelu_mlp():
+    gelu = tiny_model(VOCAB, BLOCK).num_params()
+    swiglu = tiny_model(VOCAB, BLOCK, mlp="swiglu").num_params()
+    assert swiglu != gelu and abs(swiglu - gelu) / gelu < 0.01
+
+
+def test_rmsnorm_has_gains_and_no_biases():
+    model = tiny_model(VOCAB, BLOCK, norm="rmsnorm")
+    norms = {name for name in model.state_dict() if ".ln_" in name or "ln_f" in name}
+    assert norms == {"transformer.ln_f.weight"} | {f"transformer.h.{i}.ln_{j}.weight" for i in (0, 1) for j in (1, 2)}
+
+
+def test_untied_head_has_its_own_zero_weights_and_starts_uniform():
+    model = tiny_model(VOCAB, BLOCK, tie_embeddings=False)
+    assert model.lm_head.weight is not model.transformer.wte.weight
+    assert torch.all(model.lm_head.weight == 0)
+    idx = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
+    _, loss = model(idx, idx)
+    assert loss.item() == pytest.approx(math.log(VOCAB), abs=1e-6)
+    tied = tiny_model(VOCAB, BLOCK)
+    assert model.num_params(non_embedding=False) == tied.num_params(non_embedding=False) + VOCAB * 32
+
+
+def test_softcap_bounds_the_logits():
+    model = randomised({"logit_softcap": 2.0})
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1000)
+    logits, _ = model(torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1)))
+    assert logits.abs().max().item() <= 2.0 and logits.abs().max().item() > 1.9
+
+
+def test_defaults_build_gpt2s_modules():
+    model = tiny_model(VOCAB, BLOCK)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    assert isinstance(model.transformer.ln_f, torch.nn.LayerNorm) and isinstance(model.softcap, torch.nn.Identity)
+    assert isinstance(model.transformer.h[0].mlp.act, torch.nn.GELU)
+    assert model.transformer.h[0].mlp.act.approximate == "tanh"
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_config_counts_the_parameters_of_each_variant(variant):
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=12, block_size=5, vocab_size=11, **variant)
+    assert config.num_params() == GPT(config).num_params(non_embedding=False)
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("--model.norm=batchnorm", r"^model.norm='batchnorm' is not one of layernorm, rmsnorm$"),
+        ("--model.mlp=relu", r"^model.mlp='relu' is not one of gelu, relu2, swiglu$"),
+        ("--model.logit_softcap=-1", r"^model.logit_softcap=-1.0 must be 0 \(off\) or a positive cap$"),
+    ],
+)
+def test_bad_variant_values_are_one_line_errors(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+@pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
+def test_export_to_gpt2_refuses_a_variant_naming_the_key(variant, tmp_path):
+    model = tiny_model(VOCAB, BLOCK, **variant)
+    key, value = next((k, v) for k, v in variant.items() if k != "bias")
+    with pytest.raises(UserError, match=rf"^--export writes a GPT-2 model, but model.{key}=.* is not GPT-2's"):
+        export_gpt2(model, GPT2Tokenizer(), tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
+def test_fine_tuning_gpt2_weights_refuses_another_architecture(tmp_path):
+    cfg = build_config({"model": {"mlp": "swiglu"}, "train": {"init_from": str(tmp_path)}})
+    gpt2 = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=1024, vocab_size=50257)
+    message = r"holds GPT-2 weights, but model.mlp=\"swiglu\" is not GPT-2's \"gelu\" .* set model.mlp=\"gelu\"\)$"
+    with pytest.raises(UserError, match=message):
+        with_gpt2_shape(cfg, gpt2, {"tokenizer": "gpt2"})
