@@ -44,7 +44,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data.files import atomic_open  # noqa: E402
+from data.files import FileLock, atomic_open  # noqa: E402
 from data.sources import Corpus, open_corpus  # noqa: E402
 from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
@@ -315,9 +315,15 @@ def prepare_bundled(name: str, data_dir: Path) -> dict:
 
 
 def ensure_prepared(dataset: str, data_dir: str) -> None:
-    """Prepare a bundled dataset the first time it is asked for; leave everything else alone."""
+    """Prepare a bundled dataset the first time it is asked for; leave everything else alone. Two
+    runs starting at once do not both prepare it: one does, the other waits for it and reads the result."""
     out = Path(data_dir) / dataset
-    if dataset in BUNDLED and not (out / "meta.json").exists():
+    if dataset not in BUNDLED or (out / "meta.json").exists():
+        return
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    with FileLock(Path(data_dir) / f".{dataset}.lock"):
+        if (out / "meta.json").exists():
+            return  # prepared by the process that held the lock
         refuse_prepared(out, key="data.data_dir")
         print(f"preparing the bundled dataset {dataset!r} into {out} (once)")
         prepare_bundled(dataset, Path(data_dir))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data.files import FileLock
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.loop import Trainer
 
@@ -41,6 +42,18 @@ def write_files(*relative: str) -> Callable[..., None]:
         for name in relative:
             (workspace / name).parent.mkdir(parents=True, exist_ok=True)
             (workspace / name).write_text(text)
+
+    return setup
+
+
+def hold_lock(relative: str) -> Callable[[Path], None]:
+    """Take a run directory's lock as a running training holds it (the lock is this test's until it ends)."""
+    held = []
+
+    def setup(workspace: Path) -> None:
+        lock = FileLock(workspace / relative)
+        assert lock.acquire() is None
+        held.append(lock)
 
     return setup
 
@@ -155,6 +168,7 @@ CATALOGUE = [
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
     Case("hand-written-run-config", "train.py", ["--config", "out/mine/config.toml"], "train.out_dir='out/mine' holds a config.toml that train.py did not write", lambda ws: write_files("out/mine/config.toml")(ws, tiny_toml("out/mine", "data"))),
+    Case("run-directory-in-use", "train.py", RESUME, "train.out_dir='out/tiny' is in use by another training (pid", hold_lock("out/tiny/train.lock")),
 ]  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.files import atomic_open
+from data.files import FileLock, atomic_open
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
@@ -34,6 +34,8 @@ from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
 from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 
+LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
+
 
 class Trainer:
     """Builds the model, optimizer and data of one run from its config, and trains it."""
@@ -53,6 +55,16 @@ class Trainer:
         self.world.start(self.device)
         self.world.barrier()  # until local rank 0 has prepared a bundled dataset (train.py)
         self.run_dir = Path(train.out_dir)
+        self.run_lock = self._lock_run_dir(train)
+        try:
+            self._build(cfg)
+        except BaseException:
+            self._unlock_run_dir()
+            raise
+
+    def _build(self, cfg: Config) -> None:
+        """The model, optimizer, data and state of the run (restored from its checkpoint when resuming)."""
+        train = cfg.train
         checkpoint = self._open_run_dir(train)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         pretrained = None
@@ -94,6 +106,7 @@ class Trainer:
         cfg, train = self.cfg, self.cfg.train
         if self.step >= train.max_iters:
             self._print(f"{self.run_dir} already reached train.max_iters={train.max_iters}; raise it to train longer")
+            self.run_lock.release()
             self.world.stop()
             return None
         resumed = self.step > 0
@@ -144,6 +157,7 @@ class Trainer:
             progress.close()
             if self.log is not None:
                 self.log.close()
+            self.run_lock.release()
             self.world.stop()
         self._print(f"done: {self.step} steps; checkpoint in {self.run_dir / CHECKPOINT_NAME}")
         return None
@@ -309,10 +323,40 @@ class Trainer:
         if self.world.is_main:
             print(text)
 
-    def _open_run_dir(self, train: TrainConfig) -> dict | None:
-        """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
+    def _lock_run_dir(self, train: TrainConfig) -> FileLock:
+        """One writer per run directory: rank 0 holds out_dir/train.lock until the run ends, and a
+        second training or resume of the same directory is refused, naming the process that holds it."""
         if self.run_dir.exists() and not self.run_dir.is_dir():
             raise UserError(f"train.out_dir={train.out_dir!r} is a file, not a directory")
+        lock = FileLock(self.run_dir / LOCK_NAME)
+        holder = None
+        self.created_run_dir = False
+        if self.world.is_main:
+            self.created_run_dir = not self.run_dir.exists()
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                holder = lock.acquire()
+            except OSError as e:
+                raise UserError(
+                    f"train.out_dir={train.out_dir!r} cannot be written ({e.strerror}): choose a directory you "
+                    f"can write"
+                ) from None
+        holder = self.world.gather(holder)[0]  # every process learns rank 0's answer
+        if holder is not None:
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} is in use by another training ({holder}): wait for it to end or "
+                f"stop it, or choose another --train.out_dir"
+            )
+        return lock
+
+    def _unlock_run_dir(self) -> None:
+        """Release the run directory of a run that did not start, leaving no trace of it."""
+        self.run_lock.release()
+        if self.created_run_dir and not any(self.run_dir.iterdir()):
+            self.run_dir.rmdir()
+
+    def _open_run_dir(self, train: TrainConfig) -> dict | None:
+        """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
         config_path = self.run_dir / RUN_CONFIG_NAME
         if config_path.exists() and not is_run_config(config_path):
             raise UserError(
