@@ -41,6 +41,38 @@ def test_weight_decay_applies_to_matrices_only():
     assert len(decayed["params"]) + len(plain["params"]) == len(list(model.parameters()))
 
 
+def test_cpu_optimizer_is_fused_and_steps_like_the_per_tensor_one():
+    fused_model, per_tensor_model = tiny_model(), tiny_model()
+    cfg = OptimConfig(learning_rate=1e-2, weight_decay=0.1, beta2=0.99)
+    fused = build_optimizer(fused_model, cfg, torch.device("cpu"))
+    per_tensor = build_optimizer(per_tensor_model, cfg, torch.device("cpu"))
+    assert all(group["fused"] for group in fused.param_groups)
+    for group in per_tensor.param_groups:
+        group["fused"] = False  # torch's reference implementation, one tensor at a time
+    x, y = fixed_tokens(4, 32, 50)
+    for model, optimizer in ((fused_model, fused), (per_tensor_model, per_tensor)):
+        for _ in range(3):
+            model.zero_grad()
+            model(x, y)[1].backward()
+            optimizer.step()
+    initial = tiny_model().state_dict()
+    reference = dict(per_tensor_model.named_parameters())
+    for name, param in fused_model.named_parameters():
+        assert not torch.equal(param, initial[name]), f"{name} did not move"
+        # atol: the key bias gets gradients near 0 (softmax ignores a constant shift of the scores),
+        # where Adam's update g / sqrt(v) magnifies rounding differences
+        torch.testing.assert_close(param, reference[name], atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_train_threads_sets_the_cpu_threads_of_torch(tmp_path, data_dir):
+    before = torch.get_num_threads()
+    try:
+        Trainer(tiny_config(tmp_path / "run", data_dir, train__threads=before + 1))
+        assert torch.get_num_threads() == before + 1
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_mfu_peak_table_matches_gpu_names():
     assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12
     assert peak_flops("NVIDIA H100 PCIe") == 756e12

@@ -103,6 +103,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
     dtype: str = "auto"  # float32, bfloat16, float16, or auto: bfloat16 on Ampere+ GPUs, float16 before, else float32
     compile: bool = False  # torch.compile the model (slow start, faster steps)
+    threads: int = 0  # CPU threads of each process for torch operators; 0 = torch's default (one per core)
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
@@ -134,6 +135,8 @@ class TrainConfig:
             _check_positive(self, name)
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")
+        if self.threads < 0:
+            raise ValueError(f"threads={self.threads} must be 0 (torch's default) or positive")
 
 
 @dataclass

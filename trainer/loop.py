@@ -46,6 +46,8 @@ class Trainer:
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
         self.device = self.world.device(train.device)
+        if train.threads:
+            torch.set_num_threads(train.threads)
         self.dtype = resolve_dtype(train.dtype, self.device)
         if self.world.launched and train.parallelism == "fsdp" and self.dtype == torch.float16:
             raise UserError(
