@@ -1,7 +1,8 @@
 """Run by tests/test_distributed.py under torchrun: one optimizer step of a tiny model with the
-given parallelism and optimizer on fixed data, each process taking its own rows. Rank 0 saves the
-full gradients the optimizer was handed, the full weights after the step, and whether the
-processes' own data samplers drew different batches."""
+given parallelism, optimizer and dtype on fixed data, each process taking its own rows. Rank 0
+saves the full gradients the optimizer was handed, the full weights after the step, whether the
+processes' own data samplers drew different batches, and the dtype of the first layer norm's output
+(what the blocks compute in)."""
 
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from tests.conftest import FixedBatches, capture_gradients, fixed_tokens, tiny_c
 from trainer.loop import Trainer
 
 
-def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw") -> None:
+def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw", dtype: str = "float32") -> None:
     batch_size, accumulation = 2, 4  # 2 sequences per micro-batch, 4 micro-batches per step over all processes
     cfg = tiny_config(
         Path(out_path).parent / f"run-{parallelism}",
@@ -21,6 +22,7 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
         train__gradient_accumulation_steps=accumulation,
         train__parallelism=parallelism,
         optim__optimizer=optimizer,
+        train__dtype=dtype,
     )
     trainer = Trainer(cfg)
     world = trainer.world
@@ -30,6 +32,8 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
     rows = slice(world.rank * len(x) // world.size, (world.rank + 1) * len(x) // world.size)
     trainer.batches = FixedBatches(x[rows], y[rows], batch_size)
     gradients = capture_gradients(trainer)
+    norm_dtypes = []
+    trainer.model.transformer.h[0].ln_1.register_forward_hook(lambda *args: norm_dtypes.append(str(args[2].dtype)))
     trainer.train_step(lr=1e-3)
     model_state, _ = trainer.parallel.state_dicts(trainer.optimizer)  # FSDP gathers: every process calls it
     if world.is_main:
@@ -39,6 +43,7 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
                 "gradients": gradients,
                 "world_size": world.size,
                 "ranks_drew_different_batches": not torch.equal(first_batches[0], first_batches[1]),
+                "norm_output_dtypes": norm_dtypes,
             },
             out_path,
         )

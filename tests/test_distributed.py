@@ -41,22 +41,8 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     assert distributed["world_size"] == 2
     assert distributed["ranks_drew_different_batches"]
 
-    # one process, batch 4 x 2 micro-batches: the same 8 rows as 2 processes x batch 2 x 2 micro-batches each
-    cfg = tiny_config(
-        tmp_path / "single",
-        data_dir,
-        data__batch_size=4,
-        train__gradient_accumulation_steps=2,
-        optim__optimizer=optimizer,
-    )
-    trainer = Trainer(cfg)
-    x, y = fixed_tokens(8, cfg.model.block_size, trainer.cfg.model.vocab_size)
-    trainer.batches = FixedBatches(x, y, 4)
-    gradients = capture_gradients(trainer)
-    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
-    trainer.train_step(lr=1e-3)
+    trainer, gradients, before = one_process_step(data_dir, tmp_path, optimizer)
     weights = trainer.model.state_dict()
-
     assert distributed["gradients"].keys() == gradients.keys()
     for name, grad in gradients.items():
         torch.testing.assert_close(distributed["gradients"][name], grad, rtol=0, atol=1e-6, msg=name)
@@ -80,6 +66,39 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     assert differing <= 1e-3 * sum(g.numel() for g in gradients.values())
     for name in weights.keys() - gradients.keys():  # the tied head
         torch.testing.assert_close(distributed["model"][name], weights[name], rtol=0, atol=1e-6, msg=name)
+
+
+def test_fsdp_in_bfloat16_computes_in_bfloat16_and_reduces_float32_gradients(data_dir, tmp_path):
+    out_path = tmp_path / "after_step.pt"
+    worker = str(PROJECT_ROOT / "tests" / "distributed_worker.py")
+    torchrun(worker, "fsdp", str(data_dir), str(out_path), "adamw", "bfloat16")
+    distributed = torch.load(out_path, weights_only=True)
+    # autocast alone would keep the layer norm in float32: bfloat16 here means FSDP gathered bfloat16 weights
+    assert set(distributed["norm_output_dtypes"]) == {"torch.bfloat16"}
+    _, gradients, _ = one_process_step(data_dir, tmp_path, "adamw")  # float32 throughout
+    assert all(grad.dtype == torch.float32 for grad in distributed["gradients"].values())
+    flat = torch.cat([grad.flatten() for grad in gradients.values()])
+    error = torch.cat([(distributed["gradients"][name] - grad).flatten() for name, grad in gradients.items()])
+    assert error.norm() < 0.05 * flat.norm()  # bfloat16 keeps about 3 significant digits
+
+
+def one_process_step(data_dir, tmp_path, optimizer: str) -> tuple[Trainer, dict, dict]:
+    """One float32 step of one process with batch 4 x 2 micro-batches, the same 8 rows as the workers'
+    2 processes x batch 2 x 2 micro-batches each: the trainer, the gradients and the weights before it."""
+    cfg = tiny_config(
+        tmp_path / "single",
+        data_dir,
+        data__batch_size=4,
+        train__gradient_accumulation_steps=2,
+        optim__optimizer=optimizer,
+    )
+    trainer = Trainer(cfg)
+    x, y = fixed_tokens(8, cfg.model.block_size, trainer.cfg.model.vocab_size)
+    trainer.batches = FixedBatches(x, y, 4)
+    gradients = capture_gradients(trainer)
+    before = {name: tensor.clone() for name, tensor in trainer.model.state_dict().items()}
+    trainer.train_step(lr=1e-3)
+    return trainer, gradients, before
 
 
 def read_metrics(run_dir):

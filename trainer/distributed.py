@@ -134,6 +134,14 @@ class World:
         return gathered
 
 
+def fsdp_mixed_precision(dtype: torch.dtype) -> MixedPrecisionPolicy:
+    """In bfloat16, FSDP gathers the weights and computes in bfloat16 (half the traffic of float32)
+    and reduces the gradients in float32; otherwise weights and gradients stay in their own dtype."""
+    if dtype == torch.bfloat16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
 # full, unsharded tensors on the CPU: the same checkpoint whatever the run's parallelism
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -149,12 +157,8 @@ class ParallelModel:
             self.module = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         elif self.mode == "fsdp":
             # Each block is its own unit (gathered just before it runs, freed after); the root unit
-            # holds the embeddings, the tied head and the final norm. On CUDA in bfloat16, weights are
-            # gathered and used in bfloat16 and gradients reduced in float32.
-            if device.type == "cuda" and dtype == torch.bfloat16:
-                policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-            else:
-                policy = MixedPrecisionPolicy()
+            # holds the embeddings, the tied head and the final norm.
+            policy = fsdp_mixed_precision(dtype)
             for block in model.transformer.h:
                 fully_shard(block, mp_policy=policy)
             fully_shard(model, mp_policy=policy)
