@@ -14,7 +14,9 @@ from errors import UserError
 
 SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
-META_KEYS = ("tokenizer", "vocab_size", "dtype", "train_tokens", "val_tokens", "train_bytes", "val_bytes")
+COUNT_KEYS = ("train_tokens", "val_tokens", "train_bytes", "val_bytes")
+META_KEYS = ("tokenizer", "vocab_size", "dtype", *COUNT_KEYS)
+SCAN_TOKENS = 1 << 26  # token ids checked at a time (128 MB of uint16): memory stays flat
 
 
 class TokenDataset:
@@ -34,6 +36,25 @@ class TokenDataset:
                     f"{path} holds {path.stat().st_size} bytes but meta.json promises "
                     f"{self.meta[f'{split}_tokens']} {self.meta['dtype']} tokens ({expected} bytes); "
                     f"prepare the dataset again"
+                )
+            self._check_ids(split)
+
+    def _check_ids(self, split: str) -> None:
+        """Every id in the split is below vocab_size: a meta.json that does not belong to the .bin
+        (or a dtype that does not match its bytes) would otherwise index past the embedding, a crash
+        in the middle of a run (on a GPU, one that takes the process down). One pass over the file
+        at start-up."""
+        if self.meta[f"{split}_tokens"] == 0:
+            return  # nothing to read (and an empty file cannot be memory-mapped); check_fits refuses it
+        tokens = self.tokens(split)
+        for start in range(0, len(tokens), SCAN_TOKENS):
+            chunk = tokens[start : start + SCAN_TOKENS]
+            if int(chunk.max()) >= self.vocab_size:
+                at = start + int(np.argmax(chunk >= self.vocab_size))
+                raise UserError(
+                    f"{self.path(split)} holds the token id {int(tokens[at])} at position {at:,}, but meta.json "
+                    f"declares vocab_size={self.vocab_size} and dtype {self.meta['dtype']}: the two do not belong "
+                    f"together (prepare the dataset again)"
                 )
 
     @property
@@ -75,12 +96,38 @@ def read_meta(directory: Path) -> dict:
         meta = json.loads(meta_path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{meta_path} is not valid JSON ({e}); prepare the dataset again") from None
+    return check_meta(meta, str(meta_path), "prepare the dataset again")
+
+
+def check_meta(meta: object, source: str, fix: str) -> dict:
+    """A dataset's metadata (from meta.json, or the copy a checkpoint keeps) with every key the
+    trainer and sampler read, of the right type; else a UserError naming source and ending in fix."""
+    if not isinstance(meta, dict):
+        raise UserError(f"{source} holds a {type(meta).__name__}, not the metadata of a prepared dataset; {fix}")
     missing = [key for key in META_KEYS if key not in meta]
     if missing:
-        raise UserError(f"{meta_path} lacks {', '.join(missing)}; prepare the dataset again")
+        raise UserError(f"{source} lacks {', '.join(missing)}; {fix}")
     if meta["dtype"] not in TOKEN_DTYPES:
-        raise UserError(f"{meta_path}: dtype={meta['dtype']!r} is not one of {', '.join(TOKEN_DTYPES)}")
+        raise UserError(f"{source}: dtype={meta['dtype']!r} is not one of {', '.join(TOKEN_DTYPES)}; {fix}")
+    for key in COUNT_KEYS:
+        if not _is_count(meta[key]):
+            raise UserError(f"{source}: {key}={meta[key]!r} is not a whole number of 0 or more; {fix}")
+    if not _is_count(meta["vocab_size"]) or meta["vocab_size"] == 0:
+        raise UserError(f"{source}: vocab_size={meta['vocab_size']!r} is not a positive whole number; {fix}")
+    if meta["tokenizer"] == "char":
+        chars = meta.get("chars")
+        if not isinstance(chars, str) or len(chars) != meta["vocab_size"]:
+            raise UserError(
+                f"{source}: chars must be the {meta['vocab_size']} characters of the char tokenizer's "
+                f"vocabulary, not {chars!r:.40}; {fix}"
+            )
+    elif meta["tokenizer"] != "gpt2":
+        raise UserError(f"{source}: tokenizer={meta['tokenizer']!r} is not 'char' or 'gpt2'; {fix}")
     return meta
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class RandomWindows:

@@ -75,6 +75,24 @@ def edit_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return setup
 
 
+def shrink_vocabulary(workspace: Path) -> None:
+    """meta.json of 10 characters beside token ids of 65."""
+    chars = json.loads((workspace / "data" / "shakespeare_char" / "meta.json").read_text())["chars"]
+    edit_meta(vocab_size=10, chars=chars[:10])(workspace)
+
+
+def widen_token_dtype(workspace: Path) -> None:
+    """meta.json reading the uint16 ids as half as many uint32 ones: the sizes agree, the ids do not."""
+    meta = json.loads((workspace / "data" / "shakespeare_char" / "meta.json").read_text())
+    edit_meta(dtype="uint32", train_tokens=meta["train_tokens"] // 2, val_tokens=meta["val_tokens"] // 2)(workspace)
+
+
+def damage_metrics_line(workspace: Path) -> None:
+    path = workspace / "out" / "tiny" / "metrics.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    path.write_text("".join([lines[0], "{'step': oops\n", *lines[1:]]))
+
+
 def truncate_checkpoint(workspace: Path) -> None:
     path = workspace / "out" / "tiny" / "ckpt.pt"
     path.write_bytes(path.read_bytes()[:1000])
@@ -131,6 +149,9 @@ CATALOGUE = [
     Case("data-of-unknown-dtype", "train.py", TRAIN, "dtype='float32' is not one of uint16, uint32", edit_meta(dtype="float32")),
     Case("metadata-incomplete", "train.py", TRAIN, "meta.json lacks vocab_size", lambda ws: _drop_meta_key(ws, "vocab_size")),
     Case("metadata-not-json", "train.py", TRAIN, "meta.json is not valid JSON", write("data/shakespeare_char/meta.json", "{'oops'")),
+    Case("ids-beyond-the-vocabulary", "train.py", TRAIN, "train.bin holds the token id 18 at position 0, but meta.json declares vocab_size=10", shrink_vocabulary),
+    Case("dtype-that-does-not-match-the-data", "train.py", TRAIN, "but meta.json declares vocab_size=65 and dtype uint32: the two do not belong together", widen_token_dtype),
+    Case("metadata-of-the-wrong-type", "train.py", TRAIN, "meta.json: vocab_size='65' is not a positive whole number", edit_meta(vocab_size="65")),
     Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
@@ -142,6 +163,10 @@ CATALOGUE = [
     Case("checkpoint-that-runs-code", "sample.py", ["--out-dir", "out/tiny"], "refused to load out/tiny/ckpt.pt: it holds pickled Python objects", edit_checkpoint(lambda c: c | {"x": RunsCodeWhenUnpickled()})),
     Case("checkpoint-of-another-format", "train.py", RESUME, "has checkpoint format 1; this version reads format 2", edit_checkpoint(lambda c: c | {"format_version": 1})),
     Case("weights-that-do-not-fit", "sample.py", ["--out-dir", "out/tiny"], "transformer.wte.weight has shape (65, 32), the model needs (65, 64)", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=64))),
+    Case("checkpoint-missing-an-entry", "train.py", RESUME, "out/tiny/ckpt.pt lacks its 'optimizer' entry", edit_checkpoint(lambda c: {k: v for k, v in c.items() if k != "optimizer"})),
+    Case("checkpoint-entry-of-the-wrong-type", "sample.py", ["--out-dir", "out/tiny"], "out/tiny/ckpt.pt: 'step' is a str, not an integer", edit_checkpoint(lambda c: c | {"step": "ten"})),
+    Case("checkpoint-config-edited-to-a-huge-model", "sample.py", ["--out-dir", "out/tiny"], "the 24,000,000,125,000,000,000 float32 parameters of the model that the config in out/tiny/ckpt.pt describes need at least", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=10**9, n_head=1))),
+    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", damage_metrics_line),
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
     Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),

@@ -10,7 +10,7 @@ from errors import UserError
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
-from trainer.metrics import Throughput, flops_per_token, peak_flops
+from trainer.metrics import Throughput, flops_per_token, peak_flops, read_records
 from trainer.optim import build_optimizer, lr_at
 
 
@@ -221,3 +221,12 @@ def test_wandb_offline_logs_without_network(tmp_path, data_dir):
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1
     assert any(offline_runs[0].glob("*.wandb"))
+
+
+def test_resumed_log_drops_a_torn_last_line_but_refuses_a_damaged_one(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 4.0}\n{"step": 2, "loss": 3.9}\n{"step": 3, "lo')
+    assert [step for _, step in read_records(path)] == [1, 2]
+    path.write_text('{"step": 1, "loss": 4.0}\n["not", "a", "record"]\n{"step": 3, "loss": 3.8}\n')
+    with pytest.raises(UserError, match="metrics.jsonl line 2 is not a record of this trainer"):
+        read_records(path)

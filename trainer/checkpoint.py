@@ -12,14 +12,28 @@ from pathlib import Path
 import torch
 
 from data.files import atomic_open
+from data.loader import check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from trainer.config import config_from_dict
+from trainer.runtime import check_fits_in_memory
 
 CHECKPOINT_NAME = "ckpt.pt"
 FORMAT_VERSION = 2
-REQUIRED_KEYS = ("format_version", "step", "config", "dataset", "model")
+# what every checkpoint holds, as Trainer.checkpoint_state writes it
+KEY_TYPES = {
+    "format_version": int,
+    "step": int,
+    "config": dict,
+    "dataset": dict,
+    "model": dict,
+    "optimizer": dict,
+    "scaler": dict,
+    "rng": list,
+    "wandb_run_id": str,
+}
+TYPE_NAMES = {int: "an integer", dict: "a table", list: "a list", str: "a string"}
 
 
 def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
@@ -48,28 +62,46 @@ def load_checkpoint(path: Path) -> dict:
         raise UserError(f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Weights only load failed" in str(e):
-            raise UserError(
-                f"refused to load {path}: it holds pickled Python objects that could run code, "
-                f"not just tensors and plain data (only load checkpoints you trust, and never "
-                f"with weights_only=False)"
-            ) from None
-        raise UserError(f"{path} is not a readable checkpoint ({_first_line(e)})") from None
     except Exception as e:  # torch.load fails on damaged files in many ways; each means the same here
-        raise UserError(f"{path} is not a readable checkpoint: truncated or corrupt ({_first_line(e)})") from None
-    if not isinstance(state, dict) or any(key not in state for key in REQUIRED_KEYS):
-        raise UserError(f"{path} is not a checkpoint written by this trainer (it lacks {', '.join(REQUIRED_KEYS)})")
+        if isinstance(e, pickle.UnpicklingError) and "Weights only load failed" in str(e):
+            raise UserError(
+                f"refused to load {path}: it holds pickled Python objects that could run code, not just "
+                f"tensors and plain data (this trainer never writes such a file: load only checkpoints you trust)"
+            ) from None
+        raise UserError(
+            f"{path} is not a readable checkpoint: truncated or corrupt (use a copy of it, or an older ckpt_STEP.pt)"
+        ) from None
+    if not isinstance(state, dict) or "format_version" not in state or "model" not in state:
+        raise UserError(f"{path} is not a checkpoint written by this trainer (it lacks format_version and model)")
     if state["format_version"] != FORMAT_VERSION:
         raise UserError(
             f"{path} has checkpoint format {state['format_version']}; this version reads format {FORMAT_VERSION}"
         )
+    _check_contents(state, path)
     return state
 
 
-def load_weights(model: torch.nn.Module, weights: dict, source: str) -> None:
-    """model.load_state_dict(weights), with a mismatch named: the first missing, unexpected or
-    differently shaped tensor."""
+def _check_contents(state: dict, path: Path) -> None:
+    """Every entry the trainer writes is there with its type, so that nothing fails later in the
+    middle of resuming or sampling: a hand-edited or damaged checkpoint is named here."""
+    fix = "the file was edited or damaged: use a copy of it, or an older ckpt_STEP.pt"
+    for key, kind in KEY_TYPES.items():
+        if key not in state:
+            raise UserError(f"{path} lacks its {key!r} entry ({fix})")
+        if not isinstance(state[key], kind) or isinstance(state[key], bool):
+            raise UserError(f"{path}: {key!r} is a {type(state[key]).__name__}, not {TYPE_NAMES[kind]} ({fix})")
+    if state["step"] < 0:
+        raise UserError(f"{path}: step={state['step']} is negative ({fix})")
+    not_tensors = [name for name, value in state["model"].items() if not isinstance(value, torch.Tensor)]
+    if not_tensors:
+        raise UserError(f"{path}: the weight {not_tensors[0]!r} is not a tensor ({fix})")
+    check_meta(state["dataset"], f"the dataset metadata in {path}", fix)
+    config_from_dict(state["config"], source=str(path))
+
+
+def check_weights(model: torch.nn.Module, weights: dict, source: str) -> None:
+    """Refuse weights that model.load_state_dict would not take, naming the first missing,
+    unexpected or differently shaped tensor."""
     expected = model.state_dict()
     missing = [name for name in expected if name not in weights]
     unexpected = [name for name in weights if name not in expected]
@@ -84,12 +116,6 @@ def load_weights(model: torch.nn.Module, weights: dict, source: str) -> None:
                 f"{source} do not fit the model: {name} has shape {tuple(weights[name].shape)}, "
                 f"the model needs {tuple(tensor.shape)} (check the model.* config against the checkpoint's)"
             )
-    model.load_state_dict(weights)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
 
 
 def latest_run(root: Path) -> Path:
@@ -106,8 +132,17 @@ def latest_run(root: Path) -> Path:
 def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]:
     """The trained model (on the CPU, in eval mode) and the tokenizer of its dataset."""
     cfg = config_from_dict(checkpoint["config"], source=str(path))
+    params = cfg.model.num_params()
+    check_fits_in_memory(
+        4 * params,
+        torch.device("cpu"),
+        f"the {params:,} float32 parameters of the model that the config in {path} describes",
+        "load it on a machine with more memory",
+    )
+    with torch.device("meta"):  # names and shapes only, before the model is allocated
+        check_weights(GPT(cfg.model), checkpoint["model"], f"the weights in {path}")
     model = GPT(cfg.model)
-    load_weights(model, checkpoint["model"], f"the weights in {path}")
+    model.load_state_dict(checkpoint["model"])
     tokenizer = tokenizer_from_meta(checkpoint["dataset"])
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise UserError(

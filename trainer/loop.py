@@ -16,7 +16,7 @@ from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
-from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, load_checkpoint, save_checkpoint
+from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, check_weights, load_checkpoint, save_checkpoint
 from trainer.config import (
     INIT_FROM,
     RUN_CONFIG_HEADER,
@@ -28,7 +28,7 @@ from trainer.config import (
     run_config_toml,
 )
 from trainer.distributed import ParallelModel, World
-from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops
+from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops, read_records
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
@@ -83,6 +83,8 @@ class Trainer:
         _check_fits_in_memory(cfg, self.device, self.dtype, self.world.size if train.parallelism == "fsdp" else 1)
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
+        if checkpoint is not None:
+            check_weights(self.model, checkpoint["model"], f"the weights in {self.run_dir / CHECKPOINT_NAME}")
         if pretrained is not None:
             self.model.load_state_dict(crop_positions(pretrained, cfg.model.block_size))
         self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
@@ -373,7 +375,10 @@ class Trainer:
                     f"train.init_from='resume' but there is no checkpoint at {checkpoint_path} "
                     f"(check train.out_dir, or start the run with init_from='scratch')"
                 )
-            return load_checkpoint(checkpoint_path)
+            checkpoint = load_checkpoint(checkpoint_path)
+            if (self.run_dir / METRICS_NAME).is_file():
+                read_records(self.run_dir / METRICS_NAME)  # a damaged log is refused before anything is written
+            return checkpoint
         if checkpoint_path.exists():
             raise UserError(
                 f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}); continue it "
@@ -532,7 +537,7 @@ def _with_document_separator(cfg: Config, dataset_meta: dict) -> Config:
 
 def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir: Path) -> None:
     """The model, the optimizer and the tokenizer must be those of the run being resumed."""
-    saved_model = checkpoint["config"]["model"]
+    saved_model = checkpoint["config"].get("model", {})
     defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
     for key, value in config_to_dict(cfg)["model"].items():
         saved = saved_model.get(key, defaults[key])
@@ -541,7 +546,7 @@ def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir:
                 f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
                 f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
             )
-    saved_optimizer = checkpoint["config"]["optim"].get("optimizer", "adamw")  # older runs: AdamW
+    saved_optimizer = checkpoint["config"].get("optim", {}).get("optimizer", "adamw")  # older runs: AdamW
     if saved_optimizer != cfg.optim.optimizer:
         raise UserError(
             f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with {saved_optimizer!r}, "

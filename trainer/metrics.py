@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from data.files import atomic_open
+from errors import UserError
 from model import GPTConfig
 from trainer.config import WandbConfig
 
@@ -113,20 +114,33 @@ class MetricsLog:
 
     def _drop_records_after(self, step: int) -> None:
         """A resumed run logs the steps after its checkpoint again; drop the old copies."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        if lines and not _is_json(lines[-1]):
-            lines.pop()  # the run died while writing its last line
-        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        kept = [line for line, record_step in read_records(self.path) if record_step <= step]
         with atomic_open(self.path) as f:
             f.write("".join(kept).encode("utf-8"))
 
 
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-        return True
-    except json.JSONDecodeError:
-        return False
+def read_records(path: Path) -> list[tuple[str, int]]:
+    """Each record line of a metrics.jsonl with its step. A last line that is not JSON is left
+    out: the run died while writing it. Any other line that is not a record (hand-edited, or
+    damaged) is a UserError naming it, before anything is written."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                break
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise UserError(
+                f"{path} line {number} is not a record of this trainer (a JSON object with an integer step): "
+                f"{line.strip()!r:.60} (correct or delete that line, then resume)"
+            )
+        records.append((line, record["step"]))
+    return records
 
 
 def gpu_peak_flops(device: torch.device) -> float | None:
