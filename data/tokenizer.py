@@ -7,6 +7,7 @@ against the sha256 that tiktoken itself expects for its r50k_base encoding, whic
 import base64
 import codecs
 import hashlib
+import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -122,6 +123,16 @@ def gpt2_encoding() -> tiktoken.Encoding:
         special_tokens={END_OF_TEXT: len(ranks)},
         explicit_n_vocab=len(ranks) + 1,
     )
+
+
+def vocabulary_fingerprint(meta: dict) -> str:
+    """A short hash of what the token ids of a prepared dataset (or a checkpoint, which carries the
+    same metadata) stand for: the tokenizer, its size and its mapping (for characters, which
+    character each id is; GPT-2's ranks are fixed by GPT2_RANKS_SHA256). Equal fingerprints mean
+    that text becomes the same ids."""
+    mapping = meta.get("chars") if meta.get("tokenizer") == "char" else GPT2_RANKS_SHA256
+    identity = {"tokenizer": meta.get("tokenizer"), "vocab_size": meta.get("vocab_size"), "mapping": mapping}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 def tokenizer_from_meta(meta: dict) -> Tokenizer:

@@ -58,6 +58,12 @@ def hold_lock(relative: str) -> Callable[[Path], None]:
     return setup
 
 
+def reverse_characters(workspace: Path) -> None:
+    """The same 65 characters, each under another id: a dataset of another text with a vocabulary of the same size."""
+    path = workspace / "data" / "shakespeare_char" / "meta.json"
+    edit_meta(chars=json.loads(path.read_text())["chars"][::-1])(workspace)
+
+
 def edit_meta(**changes) -> Callable[[Path], None]:
     def setup(workspace: Path) -> None:
         path = workspace / "data" / "shakespeare_char" / "meta.json"
@@ -158,6 +164,7 @@ CATALOGUE = [
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
     Case("resume-without-checkpoint", "train.py", [*TRAIN, "--train.init_from=resume"], "init_from='resume' but there is no checkpoint at out/new/ckpt.pt"),
     Case("resume-with-another-model", "train.py", [*RESUME, "--model.n_layer=3"], "model.n_layer=3 but the run in out/tiny was trained with 2"),
+    Case("resume-on-another-vocabulary", "train.py", RESUME, "data.dataset='shakespeare_char' has the run's char vocabulary size (65) but its token ids stand for other text", reverse_characters),
     Case("truncated-checkpoint", "train.py", RESUME, "out/tiny/ckpt.pt is not a readable checkpoint: truncated or corrupt", truncate_checkpoint),
     Case("foreign-checkpoint", "sample.py", ["--out-dir", "out/tiny"], "is not a checkpoint written by this trainer", edit_checkpoint(lambda c: {"weights": c["model"]})),
     Case("checkpoint-that-runs-code", "sample.py", ["--out-dir", "out/tiny"], "refused to load out/tiny/ckpt.pt: it holds pickled Python objects", edit_checkpoint(lambda c: c | {"x": RunsCodeWhenUnpickled()})),

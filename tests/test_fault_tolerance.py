@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from errors import UserError
-from tests.conftest import PROJECT_ROOT, tiny_config, tiny_toml
+from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
@@ -174,3 +174,13 @@ def test_resume_restores_every_random_number_generator(tmp_path, data_dir):
     assert random.getstate() == saved[0]["python"]
     assert torch.equal(torch.get_rng_state(), saved[0]["torch"])
     assert torch.equal(trainer.batches.generator.get_state(), saved[0]["train_batches"]["generator"])
+
+
+def test_a_copied_run_directory_resumes_in_the_copy(tmp_path, data_dir, monkeypatch):
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=10)).fit()
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")  # its config.toml still names run/ as out_dir
+    original = snapshot(tmp_path / "run")
+    resume = ["--config", str(tmp_path / "copy" / "config.toml"), "--train.init_from=resume", "--train.max_iters=12"]
+    assert run_entry_point("train.py", resume, monkeypatch) == 0
+    assert load_checkpoint(tmp_path / "copy" / "ckpt.pt")["step"] == 12
+    assert snapshot(tmp_path / "run") == original

@@ -16,10 +16,9 @@ from data.loader import check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
-from trainer.config import config_from_dict
+from trainer.config import CHECKPOINT_NAME, config_from_dict
 from trainer.runtime import check_fits_in_memory
 
-CHECKPOINT_NAME = "ckpt.pt"
 FORMAT_VERSION = 2
 # what every checkpoint holds, as Trainer.checkpoint_state writes it
 KEY_TYPES = {

@@ -28,6 +28,7 @@ SCHEDULES = ("cosine", "wsd")
 PARALLELISMS = ("ddp", "fsdp")
 WANDB_MODES = ("online", "offline")
 RUN_CONFIG_NAME = "config.toml"  # the resolved config in a run directory
+CHECKPOINT_NAME = "ckpt.pt"  # the latest checkpoint in a run directory
 RUN_CONFIG_HEADER = "# the resolved config of the run in this directory, written by train.py\n"
 
 
@@ -180,6 +181,9 @@ def load_config(path: str | None, overrides: list[str]) -> Config:
     if path is not None:
         for section, key, value in _read_toml(Path(path)):
             values[section][key] = _check_type(section, key, value, source=path)
+        if _is_in_its_run_directory(Path(path)):
+            # the run directory is where this file is, wherever it was first written (a copied run resumes in the copy)
+            values["train"]["out_dir"] = str(Path(path).parent)
     for section, key, text in _parse_overrides(overrides):
         values[section][key] = _from_string(section, key, text)
     return build_config(values)
@@ -243,6 +247,11 @@ def is_run_config(path: Path) -> bool:
         return False
     with open(path, encoding="utf-8-sig", errors="replace") as f:
         return f.readline() == RUN_CONFIG_HEADER
+
+
+def _is_in_its_run_directory(path: Path) -> bool:
+    """Whether path is the config.toml the trainer wrote into a run directory, beside its checkpoint."""
+    return path.name == RUN_CONFIG_NAME and is_run_config(path) and (path.parent / CHECKPOINT_NAME).is_file()
 
 
 def _toml_value(value: object) -> str:

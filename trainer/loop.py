@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from data.files import FileLock, atomic_open
 from data.loader import SPLITS, RandomWindows, TokenDataset
-from data.tokenizer import tokenizer_from_meta
+from data.tokenizer import tokenizer_from_meta, vocabulary_fingerprint
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, check_weights, load_checkpoint, save_checkpoint
@@ -559,3 +559,10 @@ def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir:
                 f"the dataset's {key} is {dataset_meta.get(key)!r} but the run in {run_dir} was trained "
                 f"with {saved_dataset.get(key)!r} (resume with the run's own dataset)"
             )
+    if vocabulary_fingerprint(dataset_meta) != vocabulary_fingerprint(saved_dataset):
+        raise UserError(
+            f"data.dataset={cfg.data.dataset!r} has the run's {dataset_meta['tokenizer']} vocabulary size "
+            f"({dataset_meta['vocab_size']}) but its token ids stand for other text than those the run in {run_dir} "
+            f"was trained on (vocabulary {vocabulary_fingerprint(dataset_meta)}, the run's "
+            f"{vocabulary_fingerprint(saved_dataset)}): resume with the run's own dataset"
+        )
