@@ -114,7 +114,8 @@ def main() -> None:
             rows.append((name, batch_size, cache, mode, products, seconds))
             print(f"  {name}, batch {batch_size}, cache {cache}, {mode}, {products}: {seconds:.2f} s", file=sys.stderr)
     print_table(rows, new_tokens)
-    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - ours.transformer.wpe.weight.nbytes
+    tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table, if any
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - tables
     bandwidth = read_bandwidth(device)
     bound_ms = 1000 * weight_bytes / bandwidth
     print(

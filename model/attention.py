@@ -5,6 +5,11 @@ earlier ones, never later ones; model/masks.py holds the patterns): scores for o
 -inf before the softmax, so their weights are exactly 0 and each row of weights sums to 1 over the
 allowed keys. The work is done by `torch.nn.functional.scaled_dot_product_attention` (SDPA), which
 picks a fused kernel; `attention_weights` spells the same computation out and returns the weights.
+
+Options, each chosen when the layer is built: grouped-query attention (fewer key/value heads than
+query heads, each shared by a group of queries: the KV cache shrinks by that factor), QK-norm
+(queries and keys RMS-normalised per head before their dot product) and rotary position embeddings
+(RoPE: queries and keys rotated by their position, so their dot product depends on the distance).
 """
 
 import math
@@ -34,23 +39,26 @@ def attention(
     mask: torch.Tensor | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Scaled dot-product attention on (B, H, T, D) tensors; returns (B, H, Tq, D).
+    """Scaled dot-product attention of (B, H, Tq, D) queries over (B, Hkv, Tk, D) keys and values;
+    returns (B, H, Tq, D). With Hkv < H (grouped-query attention) each key/value head serves H / Hkv
+    consecutive query heads.
 
     mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a key.
     None means causal, with the queries taken as the last Tq of the Tk key positions.
     """
     q_len, kv_len = q.size(-2), k.size(-2)
+    gqa = q.size(1) != k.size(1)  # SDPA shares the key/value heads itself, without copying them
     if mask is None and q_len == kv_len:
         # Fast path: the fused kernel applies the causal mask itself and never builds a (T, T)
         # mask. SDPA's is_causal aligns the mask to the top-left corner, which is only right when
         # queries and keys cover the same positions, hence the q_len == kv_len condition.
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True, enable_gqa=gqa)
     if mask is None and q_len == 1:
         # One new token after a cached prefix is the latest position: it may see every key.
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, enable_gqa=gqa)
     if mask is None:
         mask = causal_mask(q_len, kv_len, q.device)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -60,45 +68,114 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
     q_len, kv_len = q.size(-2), k.size(-2)
     if mask is None:
         mask = causal_mask(q_len, kv_len, q.device)
+    k = k.repeat_interleave(q.size(1) // k.size(1), dim=1)  # (B, H, Tk, D): each key head for its group
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj)."""
+    """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj).
 
-    def __init__(self, n_embd: int, n_head: int, dropout: float, bias: bool, layer_idx: int):
+    n_kv_head: key/value heads (0 = n_head; 1 = multi-query). qk_norm: RMS-normalise each head's
+    queries and keys. rope_base: rotate queries and keys by position with this base (RoPE); 0 = no
+    rotation (the model adds learned position embeddings instead)."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        dropout: float,
+        bias: bool,
+        layer_idx: int,
+        n_kv_head: int = 0,
+        qk_norm: bool = False,
+        rope_base: float = 0.0,
+    ):
         super().__init__()
-        self.c_attn = nn.Linear(n_embd, 3 * n_embd, bias=bias)  # query, key, value for all heads
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.resid_dropout = nn.Dropout(dropout)
         self.n_head = n_head
+        self.n_kv_head = n_kv_head or n_head
+        head_dim = n_embd // n_head
+        self.kv_dim = self.n_kv_head * head_dim
+        self.c_attn = nn.Linear(n_embd, n_embd + 2 * self.kv_dim, bias=bias)  # query, key, value for all heads
+        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
+        self.k_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
+        self.rotate = Rotary(rope_base) if rope_base else NoRotation()
+        self.resid_dropout = nn.Dropout(dropout)
         self.dropout = dropout
         self.layer_idx = layer_idx  # which slot of a KV cache this layer writes
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache=None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache=None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
-        cache, the new keys and values go into its slots and the queries attend over all of them."""
+        cache, the new keys and values go into its slots and the queries attend over all of them.
+        positions: (1 or B, T) each token's position (negative: padding); None is 0 .. T - 1."""
         B, T, C = x.shape
-        q, k, v = self.heads(x)  # (B, H, T, D) each
+        q, k, v = self.heads(x, positions)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         if cache is not None:
-            k, v = cache.update(self.layer_idx, k, v)  # (B, H, kv_len, D)
+            k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, kv_len, D)
         y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries, keys and values of x (B, T, C), each split into heads: (B, H, T, D)."""
+    def heads(
+        self, x: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised and
+        rotated as the layer was built to. positions: as for forward."""
         B, T, C = x.shape
-        H = self.n_head
+        if positions is None:
+            positions = torch.arange(T, device=x.device)[None]  # (1, T)
+        H, Hkv = self.n_head, self.n_kv_head
         D = C // H
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = v.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        q = self.rotate(self.q_norm(q), positions)
+        k = self.rotate(self.k_norm(k), positions)
         return q, k, v
 
-    def weights(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T)."""
-        q, k, _ = self.heads(x)
+    def weights(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T).
+        positions: as for forward."""
+        q, k, _ = self.heads(x, positions)
         return attention_weights(q, k, mask)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al., RoFormer, 2021): the features of a head pair up, i with
+    i + D/2, and each pair turns by the angle position * base^(-2i/D). The dot product of a rotated
+    query and key then depends on their positions only through their distance. The angles are
+    computed in float32 at each call: a table cast to bfloat16 with the model would be off by whole
+    turns at far positions."""
+
+    def __init__(self, base: float):
+        super().__init__()
+        self.base = base
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (B, H, T, D); positions: (1 or B, T), padding (negative) taken as 0."""
+        D = x.size(-1)
+        inv_freq = self.base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+        angles = positions.clamp(min=0)[:, None, :, None].float() * inv_freq  # (1 or B, 1, T, D/2)
+        cos, sin = angles.cos(), angles.sin()
+        x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+    def extra_repr(self) -> str:
+        return f"base={self.base}"
+
+
+class NoRotation(nn.Module):
+    """Leaves queries and keys as they are: positions enter through the learned embedding instead."""
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return x

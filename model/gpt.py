@@ -4,9 +4,10 @@ Read top to bottom: the config, the model's forward pass, then the block, norms 
 built from. Attention is in attention.py, the attention patterns in masks.py and the KV cache in
 kv_cache.py, beside this file.
 
-The defaults are GPT-2. A few keys swap in later practice (RMSNorm, a ReLU^2 or SwiGLU MLP, an
-untied output head, soft-capped logits); each is resolved once, when the model is built, into the
-module it names, so forward() reads the same for every choice.
+The defaults are GPT-2. A few keys swap in later practice (rotary positions, RMSNorm, QK-norm,
+a ReLU^2 or SwiGLU MLP, grouped-query attention, an untied output head, soft-capped logits); each
+is resolved once, when the model is built, into the module it names, so forward() reads the same
+for every choice.
 
 Parameter names follow GPT-2's layout (transformer.wte, transformer.h.0.attn.c_attn, ...), so
 GPT-2 weights map one to one; GPT-2 stores its Linear weights transposed (Conv1D), nothing else
@@ -39,7 +40,7 @@ PATTERN_CONFLICTS = {
 }
 
 # keys that make the model compute something other than GPT-2 when they leave their defaults
-ARCHITECTURE_KEYS = ("norm", "mlp", "tie_embeddings", "logit_softcap")
+ARCHITECTURE_KEYS = ("pos_emb", "norm", "qk_norm", "mlp", "n_kv_head", "tie_embeddings", "logit_softcap")
 
 
 def _toml(value: object) -> str:
@@ -55,8 +56,12 @@ class GPTConfig:
     vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
     dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+    pos_emb: str = "learned"  # "learned" (GPT-2: a table of block_size positions) or "rope" (rotary, in attention)
+    rope_base: float = 10000.0  # rope: position p turns feature pair i by p * rope_base^(-2i/head_dim)
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtracted, no bias)
+    qk_norm: bool = False  # RMS-normalise each head's queries and keys before their dot product
     mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (gated, 2/3 as wide: as many weights)
+    n_kv_head: int = 0  # key/value heads, shared by groups of query heads; 0 = n_head, 1 = multi-query
     tie_embeddings: bool = True  # the output head is the token embedding (GPT-2); false: its own, zero-initialised
     logit_softcap: float = 0.0  # logits become cap * tanh(logits / cap), bounded by +-cap; 0 = off
     # attention pattern (model/masks.py); all off is plain causal attention
@@ -80,9 +85,21 @@ class GPTConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
-        for name, choices in (("norm", NORMS), ("mlp", MLPS)):
+        for name, choices in (("pos_emb", POSITION_EMBEDDINGS), ("norm", NORMS), ("mlp", MLPS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+        if self.pos_emb == "rope" and self.head_dim % 2 != 0:
+            raise ValueError(
+                f"pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = {self.head_dim} "
+                f"is odd (choose n_embd and n_head with an even quotient)"
+            )
+        if self.rope_base <= 1:
+            raise ValueError(f"rope_base={self.rope_base} must be greater than 1")
+        if self.n_kv_head < 0 or (self.n_kv_head > 0 and self.n_head % self.n_kv_head != 0):
+            raise ValueError(
+                f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head} "
+                f"(use a divisor of n_head, or 0 for n_head)"
+            )
         if self.logit_softcap < 0:
             raise ValueError(f"logit_softcap={self.logit_softcap} must be 0 (off) or a positive cap")
         self._check_pattern()
@@ -111,6 +128,11 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, or n_head when it is 0."""
+        return self.n_kv_head or self.n_head
+
+    @property
     def mlp_hidden(self) -> int:
         """The MLP's hidden width: 4 * n_embd, or 2/3 of that for SwiGLU, whose three matrices then
         hold as many weights as the two of the others (LLaMA's choice)."""
@@ -121,12 +143,14 @@ class GPTConfig:
         token embedding and counts once."""
         C, hidden = self.n_embd, self.mlp_hidden
         norm = 2 * C if self.norm == "layernorm" and self.bias else C  # gain, and bias
-        attention = 4 * C * C + (4 * C if self.bias else 0)  # c_attn (3C outputs), c_proj
+        qkv = C + 2 * self.kv_heads * self.head_dim  # c_attn's outputs: queries, keys, values
+        attention = (qkv + C) * C + (qkv + C if self.bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
         mlp_matrices = 3 if self.mlp == "swiglu" else 2  # SwiGLU's c_fc holds gate and value
         mlp = mlp_matrices * C * hidden + ((mlp_matrices - 1) * hidden + C if self.bias else 0)
         per_block = 2 * norm + attention + mlp
         head = 0 if self.tie_embeddings else self.vocab_size * C
-        return self.n_layer * per_block + (self.vocab_size + self.block_size) * C + norm + head
+        positions = self.block_size * C if self.pos_emb == "learned" else 0
+        return self.n_layer * per_block + self.vocab_size * C + positions + norm + head
 
 
 class GPT(nn.Module):
@@ -144,7 +168,7 @@ class GPT(nn.Module):
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
-                wpe=nn.Embedding(config.block_size, config.n_embd),  # learned position embedding
+                wpe=POSITION_EMBEDDINGS[config.pos_emb](config),  # added to the token embedding
                 drop=nn.Dropout(config.dropout),
                 h=nn.ModuleList([Block(config, layer_idx) for layer_idx in range(config.n_layer)]),
                 ln_f=norm_layer(config),
@@ -199,7 +223,7 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
-            x = block(x, mask, cache)
+            x = block(x, mask, cache, positions)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.advance(T)
@@ -242,7 +266,9 @@ class GPT(nn.Module):
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.transformer.wte.weight  # not lm_head's: packed for inference, it has no .weight
-        return KVCache(cfg.n_layer, batch_size, cfg.n_head, cfg.head_dim, max_len, weight.device, weight.dtype, static)
+        return KVCache(
+            cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_dim, max_len, weight.device, weight.dtype, static
+        )
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. A tied token embedding counts once (it is also the output layer);
@@ -250,7 +276,7 @@ class GPT(nn.Module):
         the token embedding when the head is untied."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.transformer.wpe.weight.numel()
+            n -= sum(p.numel() for p in self.transformer.wpe.parameters())
             if not self.config.tie_embeddings:
                 n -= self.transformer.wte.weight.numel()
         return n
@@ -262,12 +288,27 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig, layer_idx: int):
         super().__init__()
         self.ln_1 = norm_layer(config)
-        self.attn = CausalSelfAttention(config.n_embd, config.n_head, config.dropout, config.bias, layer_idx)
+        self.attn = CausalSelfAttention(
+            config.n_embd,
+            config.n_head,
+            config.dropout,
+            config.bias,
+            layer_idx,
+            n_kv_head=config.n_kv_head,
+            qk_norm=config.qk_norm,
+            rope_base=config.rope_base if config.pos_emb == "rope" else 0.0,
+        )
         self.ln_2 = norm_layer(config)
         self.mlp = MLPS[config.mlp](config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache)
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), mask, cache, positions)
         x = x + self.mlp(self.ln_2(x))
         return x
 
@@ -329,6 +370,18 @@ class SoftCap(nn.Module):
         return f"cap={self.cap}"
 
 
+class NoPositionTable(nn.Module):
+    """Stands in for the learned position table with RoPE, where attention rotates queries and keys
+    by position instead: adds nothing to the token embedding."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.zeros((), device=positions.device)
+
+
+POSITION_EMBEDDINGS = {  # the values of config.pos_emb, each with the module it builds
+    "learned": lambda config: nn.Embedding(config.block_size, config.n_embd),
+    "rope": lambda config: NoPositionTable(),
+}
 NORMS = ("layernorm", "rmsnorm")  # the values of config.norm, built by norm_layer
 MLPS = {  # the values of config.mlp, each with the module it builds
     "gelu": lambda config: MLP(config, nn.GELU(approximate="tanh")),

@@ -187,8 +187,11 @@ def gpt2_difference(config: GPTConfig) -> tuple[str, object, object] | None:
     when the model is GPT-2 (of any size)."""
     gpt2 = GPTConfig()
     for key in ARCHITECTURE_KEYS:
-        if getattr(config, key) != getattr(gpt2, key):
-            return key, getattr(config, key), getattr(gpt2, key)
+        value = getattr(config, key)
+        if key == "n_kv_head" and value == config.n_head:
+            continue  # as many key/value heads as query heads: GPT-2's attention, spelled out
+        if value != getattr(gpt2, key):
+            return key, value, getattr(gpt2, key)
     return None
 
 

@@ -36,7 +36,8 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         static: bool = False,
     ):
-        # one (B, H, max_len, D) tensor per layer: torch.compile writes a whole tensor in place, but a
+        # n_head: the key/value heads (fewer than the query heads with grouped-query attention).
+        # One (B, H, max_len, D) tensor per layer: torch.compile writes a whole tensor in place, but a
         # write into a view of a larger one (a layer of a stacked buffer) would copy that buffer
         shape = (batch_size, n_head, max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]

@@ -1,5 +1,6 @@
-"""Architecture switches (norm, mlp, tie_embeddings, logit_softcap): each trains, stays causal,
-decodes through the cache as the full forward pass does, and is refused where GPT-2 is required."""
+"""Architecture switches (pos_emb, norm, qk_norm, mlp, n_kv_head, tie_embeddings, logit_softcap):
+each trains, stays causal, decodes through the cache as the full forward pass does, and is refused
+where GPT-2 is required."""
 
 import math
 
@@ -22,7 +23,19 @@ VARIANTS = {
     "swiglu": {"mlp": "swiglu"},
     "untied": {"tie_embeddings": False},
     "softcap": {"logit_softcap": 15.0},
-    "all": {"norm": "rmsnorm", "mlp": "swiglu", "tie_embeddings": False, "logit_softcap": 15.0, "bias": False},
+    "rope": {"pos_emb": "rope"},
+    "qk_norm": {"qk_norm": True},
+    "gqa": {"n_kv_head": 1},
+    "all": {
+        "pos_emb": "rope",
+        "norm": "rmsnorm",
+        "qk_norm": True,
+        "mlp": "swiglu",
+        "n_kv_head": 1,
+        "tie_embeddings": False,
+        "logit_softcap": 15.0,
+        "bias": False,
+    },
 }
 
 

@@ -1,0 +1,108 @@
+"""Rotary positions and grouped-query attention: the rotation itself, positions across cache
+calls and padding, and what the KV cache holds."""
+
+import math
+
+import pytest
+import torch
+
+from errors import ConfigError
+from model import GPT, GPTConfig, generate, left_pad
+from model.attention import Rotary
+from tests.conftest import tiny_model
+from trainer.config import load_config
+
+VOCAB = 50
+BLOCK = 32
+MODERN = {"pos_emb": "rope", "n_kv_head": 1, "qk_norm": True, "norm": "rmsnorm", "mlp": "relu2"}
+
+
+def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 1, 2, 4)  # (B, H, T, D): one head, positions 0 and 1
+    rotated = Rotary(base=100.0)(x, torch.tensor([[0, 1]]))
+    assert torch.equal(rotated[0, 0, 0], x[0, 0, 0])  # position 0: no turn
+    # D = 4: pairs (x0, x2) and (x1, x3) turn by 1 * 100^0 = 1 and 1 * 100^(-2/4) = 0.1 radians
+    c1, s1, c2, s2 = math.cos(1.0), math.sin(1.0), math.cos(0.1), math.sin(0.1)
+    expected = [1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 1 * s1 + 3 * c1, 2 * s2 + 4 * c2]
+    torch.testing.assert_close(rotated[0, 0, 1], torch.tensor(expected))
+
+
+def test_rope_scores_depend_only_on_the_distance_between_query_and_key():
+    rotary = Rotary(base=10000.0)
+    generator = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 1, 1, 8, generator=generator)
+    near = (rotary(q, torch.tensor([[7]])) * rotary(k, torch.tensor([[4]]))).sum()
+    far = (rotary(q, torch.tensor([[20]])) * rotary(k, torch.tensor([[17]]))).sum()
+    torch.testing.assert_close(near, far)
+    assert not torch.allclose(near, (rotary(q, torch.tensor([[7]])) * rotary(k, torch.tensor([[5]]))).sum())
+
+
+def test_rope_positions_continue_across_cache_calls():
+    """Three cached calls of 5, 1 and 4 tokens give the logits of one pass over all 10: the keys in
+    the cache were rotated by their own positions, the new queries by theirs."""
+    model = tiny_model(VOCAB, BLOCK, **MODERN)
+    idx = torch.randint(0, VOCAB, (2, 10), generator=torch.Generator().manual_seed(1))
+    full, _ = model(idx)
+    cache = model.new_cache(2)
+    pieces = [model(idx[:, a:b], cache=cache)[0] for a, b in ((0, 5), (5, 6), (6, 10))]
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["written-slots", "static"])
+def test_rope_and_gqa_padded_rows_give_the_logits_of_each_row_alone(static):
+    model = tiny_model(VOCAB, BLOCK, **MODERN)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42]]
+    batch, pad = left_pad(prompts)
+    pad = torch.tensor(pad)
+    cache = model.new_cache(len(prompts), static=static)
+    logits, _ = model(batch, cache=cache, pad=pad)
+    next_logits, _ = model(torch.full((len(prompts), 1), 3), cache=cache, pad=pad)
+    logits = torch.cat([logits, next_logits], dim=1)
+    for row, ids in enumerate(prompts):
+        alone, _ = model(torch.tensor([ids + [3]]))
+        torch.testing.assert_close(logits[row, pad[row] :], alone[0], rtol=0, atol=1e-5)
+
+
+def test_rope_and_gqa_batched_samples_equal_samples_drawn_alone():
+    model = tiny_model(VOCAB, BLOCK, **MODERN)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8], [42]]
+    batch, pad = left_pad(prompts)
+    together = torch.stack(list(generate(model, batch, 12, temperature=0, pad=pad)), dim=1)
+    for row, ids in enumerate(prompts):
+        alone = torch.stack(list(generate(model, torch.tensor([ids]), 12, temperature=0)), dim=1)
+        assert torch.equal(together[row], alone[0]), row
+
+
+def test_n_kv_head_equal_to_n_head_is_exactly_multi_head_attention():
+    implicit = tiny_model(VOCAB, BLOCK)  # n_kv_head = 0: n_head
+    explicit = tiny_model(VOCAB, BLOCK, n_kv_head=2)
+    for (name, a), b in zip(implicit.state_dict().items(), explicit.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(implicit(idx)[0], explicit(idx)[0])
+
+
+@pytest.mark.parametrize("n_kv_head", [1, 2, 4])
+def test_the_cache_holds_n_kv_head_heads(n_kv_head):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, n_kv_head=n_kv_head))
+    cache = model.new_cache(3)
+    assert all(k.shape == (3, n_kv_head, BLOCK, 8) for k in cache.k + cache.v)
+    assert model.transformer.h[0].attn.c_attn.out_features == 32 + 2 * n_kv_head * 8
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["--model.pos_emb=rope", "--model.n_embd=96", "--model.n_head=32"],
+            r"^model.pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = 3 is odd",
+        ),
+        (["--model.n_kv_head=5"], r"^model.n_kv_head=5 does not divide n_head=12 "),
+        (["--model.pos_emb=alibi"], r"^model.pos_emb='alibi' is not one of learned, rope$"),
+        (["--model.rope_base=1"], r"^model.rope_base=1.0 must be greater than 1$"),
+    ],
+)
+def test_bad_position_and_head_values_are_one_line_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
