@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from errors import UserError
+
 
 @contextmanager
 def atomic_open(path: Path) -> Iterator[BinaryIO]:
@@ -92,3 +94,46 @@ class FileLock:
             return False
         opened = os.fstat(file.fileno())
         return (on_disk.st_dev, on_disk.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def check_writable_dir(path: Path, key: str) -> None:
+    """Refuse, before any work is done, a folder (existing or to be made) that cannot be written:
+    one that is a file or inside one, with a name or path longer than the filesystem allows, or
+    under a folder this user may not write. `key` names the setting that gave the path."""
+    path = Path(path)
+    shown = f"{key}={str(path)!r}"
+    existing = Path(path.anchor or ".")  # the deepest folder of path that exists
+    missing = False
+    for part in path.parts[1:] if path.anchor else path.parts:
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+        if len(os.fsencode(part)) > name_max:
+            raise UserError(
+                f"{shown} holds a name of {len(os.fsencode(part))} bytes, longer than the {name_max} this "
+                f"filesystem allows (choose a shorter name)"
+            )
+        if missing or not (existing / part).exists():
+            missing = True  # this part and the ones after it will be made
+            continue
+        existing = existing / part
+        if not existing.is_dir():
+            where = "is a file" if existing == path else f"is inside {str(existing)!r}, which is a file"
+            raise UserError(f"{shown} {where}, not a directory (choose another {key})")
+    path_max = os.pathconf(existing, "PC_PATH_MAX")
+    if len(os.fsencode(os.path.abspath(path))) >= path_max:
+        raise UserError(f"{shown} is a path longer than the {path_max} bytes this system allows (choose a shorter one)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(
+            f"{shown} cannot be written: {str(existing)!r} is read-only for this user (choose another {key}, "
+            f"or make it writable)"
+        )
+
+
+def make_dir(path: Path) -> None:
+    """Make a folder and its parents; a failure that check_writable_dir could not foresee (a folder
+    that cannot hold others, a race, a full disk) is one UserError."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(
+            f"the folder {str(path)!r} cannot be made ({e.strerror}): choose a place you can write"
+        ) from None

@@ -44,7 +44,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data.files import FileLock, atomic_open  # noqa: E402
+from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
 from data.sources import Corpus, open_corpus  # noqa: E402
 from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
@@ -116,7 +116,7 @@ def prepare(
     separator = None if single_document or tokenizer.eot_token is None else tokenizer.eot_token
 
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    make_dir(out)
     try:
         totals = write_splits(pieces, tokenizer, dtype, separator, out, num_proc, corpus, block_size)
     except BaseException:
@@ -318,9 +318,12 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
     """Prepare a bundled dataset the first time it is asked for; leave everything else alone. Two
     runs starting at once do not both prepare it: one does, the other waits for it and reads the result."""
     out = Path(data_dir) / dataset
-    if dataset not in BUNDLED or (out / "meta.json").exists():
+    if dataset not in BUNDLED:
         return
-    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    check_writable_dir(Path(data_dir), "data.data_dir")
+    if (out / "meta.json").exists():
+        return
+    make_dir(Path(data_dir))
     with FileLock(Path(data_dir) / f".{dataset}.lock"):
         if (out / "meta.json").exists():
             return  # prepared by the process that held the lock
@@ -341,6 +344,7 @@ def main() -> None:
             raise UserError(f"--tokenizer is required for --dataset={args.dataset!r} (char or gpt2)")
         tokenizer_name, spec, name = args.tokenizer, args.dataset, args.dataset
     out = Path(args.out or Path(args.data_dir) / default_folder(args))
+    check_writable_dir(out, "--out" if args.out else "--data-dir")
     refuse_prepared(out)  # before a long download
     start = time.perf_counter()
     corpus = open_corpus(

@@ -1,7 +1,9 @@
 """The catalogue of bad inputs (docs/bad-inputs.md): each one gets one line starting with `error:`,
 exit status 2, no traceback, and leaves every file it found exactly as it was."""
 
+import errno
 import json
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,8 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import trainer.checkpoint as checkpoint_module
 from data.files import FileLock
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
 
@@ -24,6 +28,7 @@ class Case:
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
     env: dict[str, str] = field(default_factory=dict)
     needs_no_gpu: bool = False
+    needs_permissions: bool = False  # file permissions bind the user (not root, who may write anywhere)
 
 
 class RunsCodeWhenUnpickled:
@@ -99,6 +104,14 @@ def damage_metrics_line(workspace: Path) -> None:
     path.write_text("".join([lines[0], "{'step': oops\n", *lines[1:]]))
 
 
+def read_only_folder(relative: str) -> Callable[[Path], None]:
+    def setup(workspace: Path) -> None:
+        (workspace / relative).mkdir(parents=True)
+        (workspace / relative).chmod(0o555)
+
+    return setup
+
+
 def truncate_checkpoint(workspace: Path) -> None:
     path = workspace / "out" / "tiny" / "ckpt.pt"
     path.write_bytes(path.read_bytes()[:1000])
@@ -162,6 +175,11 @@ CATALOGUE = [
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
+    Case("out-dir-inside-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml/run"], "train.out_dir='tiny.toml/run' is inside 'tiny.toml', which is a file"),
+    Case("out-dir-name-too-long", "train.py", [*TRAIN, "--train.out_dir=out/" + "x" * 300], "holds a name of 300 bytes, longer than the"),
+    Case("out-dir-read-only", "train.py", [*TRAIN, "--train.out_dir=locked/run"], "train.out_dir='locked/run' cannot be written: 'locked' is read-only for this user", read_only_folder("locked"), needs_permissions=True),
+    Case("prepare-out-inside-a-file", "data/prepare.py", ["--dataset", "shakespeare_char", "--out", "tiny.toml/data"], "--out='tiny.toml/data' is inside 'tiny.toml', which is a file"),
+    Case("export-inside-a-file", "sample.py", ["--out-dir", "out/tiny", "--export", "tiny.toml/gpt2"], "--export='tiny.toml/gpt2' is inside 'tiny.toml', which is a file"),
     Case("resume-without-checkpoint", "train.py", [*TRAIN, "--train.init_from=resume"], "init_from='resume' but there is no checkpoint at out/new/ckpt.pt"),
     Case("resume-with-another-model", "train.py", [*RESUME, "--model.n_layer=3"], "model.n_layer=3 but the run in out/tiny was trained with 2"),
     Case("resume-on-another-vocabulary", "train.py", RESUME, "data.dataset='shakespeare_char' has the run's char vocabulary size (65) but its token ids stand for other text", reverse_characters),
@@ -234,6 +252,8 @@ def workspace(tmp_path, data_dir, trained_run, monkeypatch) -> Path:
 def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch, capsys):
     if case.needs_no_gpu and torch.cuda.is_available():
         pytest.skip("this machine has a CUDA GPU")
+    if case.needs_permissions and os.geteuid() == 0:
+        pytest.skip("root may write anywhere")
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     case.setup(workspace)
@@ -246,6 +266,27 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
     assert case.message in lines[0]
     assert "this ran while loading" not in capsys.readouterr().out
     assert snapshot(workspace) == before
+
+
+def test_a_full_disk_while_saving_ends_in_one_line_and_keeps_the_previous_checkpoint(workspace, monkeypatch, capsys):
+    checkpoint = workspace / "out" / "tiny" / "ckpt.pt"
+    before = checkpoint.read_bytes()
+
+    def disk_full(state, f):
+        f.write(b"\0" * 1000)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    code = run_entry_point("train.py", [*RESUME, "--train.max_iters=11"], monkeypatch)  # one step, then a save
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert errors == [err.strip().splitlines()[-1]], err
+    assert "the checkpoint of step 11 could not be written to out/tiny (No space left on device)" in errors[0]
+    assert checkpoint.read_bytes() == before and not list(checkpoint.parent.glob("*.tmp"))
+    monkeypatch.undo()
+    assert load_checkpoint(checkpoint)["step"] == 10
 
 
 def test_catalogue_is_documented_case_by_case():

@@ -38,7 +38,18 @@ TYPE_NAMES = {int: "an integer", dict: "a table", list: "a list", str: "a string
 def save_checkpoint(state: dict, path: Path, keep: int = 1) -> None:
     """Write state to path (ckpt.pt). With keep > 1 it is also written as ckpt_STEP.pt beside it, a
     file of its own, and only the newest `keep` of those remain: older weights to go back to. To
-    resume from one, copy it over ckpt.pt (the other files are not touched)."""
+    resume from one, copy it over ckpt.pt (the other files are not touched). A write that fails (a
+    full disk) is a UserError; the checkpoint already there stays as it was."""
+    try:
+        _write_checkpoint(state, path, keep)
+    except OSError as e:
+        raise UserError(
+            f"the checkpoint of step {state['step']} could not be written to {path.parent} ({e.strerror or e}); "
+            f"{path} is the previous one, unchanged (free some space, or move the run, and resume from it)"
+        ) from None
+
+
+def _write_checkpoint(state: dict, path: Path, keep: int) -> None:
     if keep == 1:
         with atomic_open(path) as f:
             torch.save(state, f)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.files import FileLock, atomic_open
+from data.files import FileLock, atomic_open, check_writable_dir
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta, vocabulary_fingerprint
 from errors import UserError
@@ -330,8 +330,7 @@ class Trainer:
     def _lock_run_dir(self, train: TrainConfig) -> FileLock:
         """One writer per run directory: rank 0 holds out_dir/train.lock until the run ends, and a
         second training or resume of the same directory is refused, naming the process that holds it."""
-        if self.run_dir.exists() and not self.run_dir.is_dir():
-            raise UserError(f"train.out_dir={train.out_dir!r} is a file, not a directory")
+        check_writable_dir(self.run_dir, "train.out_dir")
         lock = FileLock(self.run_dir / LOCK_NAME)
         holder = None
         self.created_run_dir = False

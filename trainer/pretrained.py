@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_open
+from data.files import atomic_open, check_writable_dir, make_dir
 from data.tokenizer import GPT2Tokenizer, Tokenizer
 from errors import UserError
 from model import GPT, GPTConfig
@@ -70,8 +70,7 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
     loads. The weights keep their dtype; a model trained without biases gets zero biases."""
-    if directory.exists() and not directory.is_dir():
-        raise UserError(f"--export={str(directory)!r} is a file, not a directory")
+    check_writable_dir(directory, "--export")
     held = _model_files(directory)
     if held:
         raise UserError(
@@ -86,7 +85,7 @@ def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
             f"--export writes a GPT-2 directory, whose readers use GPT-2 BPE, but this model reads "
             f"{tokenizer.name!r} tokens (export a model trained on a GPT-2 BPE dataset)"
         )
-    directory.mkdir(parents=True, exist_ok=True)
+    make_dir(directory)
     config = hf_config(model.config, tokenizer.eot_token)
     config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
     with atomic_open(directory / WEIGHTS_NAME) as f:
