@@ -101,7 +101,8 @@ class MetricsLog:
             self.wandb_run_id = self.wandb_run.id
 
     def log(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
+        """Append record with the time it was written (seconds since 1970: plot.py's wall time)."""
+        self.file.write(json.dumps(record | {"time": round(time.time(), 3)}) + "\n")
         self.file.flush()
         if self.wandb_run is not None:
             values = {key: value for key, value in record.items() if key != "step"}
