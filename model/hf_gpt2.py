@@ -11,6 +11,7 @@ Problems with a directory raise ValueError naming the file.
 """
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import BinaryIO
@@ -34,31 +35,64 @@ SAFETENSORS_DTYPES = {
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # names transformers gives GPT-2's tanh-approximated GELU
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
+# the sizes in config.json, and GPT-2 124M's where one is left out
+HF_SIZES = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor in a .safetensors file, on the CPU."""
+    """Every tensor in a .safetensors file, on the CPU. A header that does not describe the bytes
+    after it (offsets past the end, a byte range that does not fit the shape) is a ValueError."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
+        if size < 8:
+            raise ValueError(f"{path} is not a safetensors file (it is {size} bytes long)")
         header_len = struct.unpack("<Q", f.read(8))[0]
+        if header_len > size - 8:
+            raise ValueError(f"{path} is not a safetensors file (its header would end past the end of the file)")
         try:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError):
             raise ValueError(f"{path} is not a safetensors file (its header is not JSON)") from None
+        if not isinstance(header, dict):
+            raise ValueError(f"{path} is not a safetensors file (its header is not a JSON object)")
         header.pop("__metadata__", None)
-        data_start = 8 + header_len
+        data_size = size - 8 - header_len
         tensors = {}
         for name, entry in header.items():
-            if entry["dtype"] not in SAFETENSORS_DTYPES:
-                raise ValueError(f"{path}: tensor {name} has dtype {entry['dtype']}, which is not supported")
-            begin, end = entry["data_offsets"]
-            f.seek(data_start + begin)
+            dtype, shape, (begin, end) = _tensor_entry(entry, name, data_size, path)
+            f.seek(8 + header_len + begin)
             data = bytearray(f.read(end - begin))
-            if len(data) != end - begin:
-                raise ValueError(f"{path} is truncated: tensor {name} ends past the end of the file")
-            dtype = SAFETENSORS_DTYPES[entry["dtype"]]
             flat = torch.frombuffer(data, dtype=dtype) if data else torch.empty(0, dtype=dtype)
-            tensors[name] = flat.reshape(entry["shape"])
+            tensors[name] = flat.reshape(shape)
     return tensors
+
+
+def _tensor_entry(entry: object, name: str, data_size: int, path: Path) -> tuple[torch.dtype, list[int], list[int]]:
+    """The dtype, shape and byte range of one tensor of a safetensors header, checked against the
+    data: the range lies within it and holds exactly the shape's bytes."""
+    if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+        raise ValueError(f"{path}: the header entry of tensor {name} lacks its dtype, shape or data_offsets")
+    if entry["dtype"] not in SAFETENSORS_DTYPES:
+        raise ValueError(f"{path}: tensor {name} has dtype {entry['dtype']!r}, which is not supported")
+    shape, offsets = entry["shape"], entry["data_offsets"]
+    if not (isinstance(shape, list) and all(_is_count(n) for n in shape)):
+        raise ValueError(f"{path}: tensor {name} has the shape {shape!r}, not a list of sizes")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(n) for n in offsets)):
+        raise ValueError(f"{path}: tensor {name} has data_offsets {offsets!r}, not a [begin, end] pair")
+    begin, end = offsets
+    if not begin <= end <= data_size:
+        raise ValueError(f"{path} is truncated or damaged: tensor {name} ends past the end of the file")
+    dtype = SAFETENSORS_DTYPES[entry["dtype"]]
+    if end - begin != math.prod(shape) * dtype.itemsize:
+        raise ValueError(
+            f"{path}: tensor {name} of shape {tuple(shape)} in {entry['dtype']} needs "
+            f"{math.prod(shape) * dtype.itemsize} bytes, but its data_offsets give {end - begin}"
+        )
+    return dtype, shape, offsets
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def write_safetensors(tensors: dict[str, torch.Tensor], f: BinaryIO, metadata: dict[str, str]) -> None:
@@ -86,7 +120,11 @@ def gpt_config_from_hf(hf: dict, source: str) -> GPTConfig:
     """Our config for a GPT-2 config.json (dropout 0; the caller sets its own)."""
     if hf.get("model_type") != "gpt2":
         raise ValueError(f"{source} has model_type={hf.get('model_type')!r}; only GPT-2 models ('gpt2') can be loaded")
-    n_embd = hf.get("n_embd", 768)
+    sizes = {key: hf.get(key, default) for key, default in HF_SIZES.items()}
+    for key, value in sizes.items():
+        if not _is_count(value) or value == 0:
+            raise ValueError(f"{source} sets {key}={value!r}, which is not a positive integer")
+    n_embd = sizes["n_embd"]
     unsupported = [
         ("activation_function", hf.get("activation_function", "gelu_new") in TANH_GELU, "gelu_new"),
         ("layer_norm_epsilon", hf.get("layer_norm_epsilon", LAYER_NORM_EPS) == LAYER_NORM_EPS, LAYER_NORM_EPS),
@@ -99,11 +137,11 @@ def gpt_config_from_hf(hf: dict, source: str) -> GPTConfig:
         if not ok:
             raise ValueError(f"{source} sets {key}={hf[key]!r}; this model supports only {supported!r}")
     return GPTConfig(
-        n_layer=hf.get("n_layer", 12),
-        n_head=hf.get("n_head", 12),
+        n_layer=sizes["n_layer"],
+        n_head=sizes["n_head"],
         n_embd=n_embd,
-        block_size=hf.get("n_positions", 1024),
-        vocab_size=hf.get("vocab_size", 50257),
+        block_size=sizes["n_positions"],
+        vocab_size=sizes["vocab_size"],
         dropout=0.0,
         bias=True,
     )
@@ -113,6 +151,7 @@ def state_dict_from_hf(hf_tensors: dict[str, torch.Tensor], config: GPTConfig, s
     """Our state dict from GPT-2's tensors, checking that every weight is there with its shape."""
     tensors = {name.removeprefix("transformer."): tensor for name, tensor in hf_tensors.items()}
     tensors = {name: tensor for name, tensor in tensors.items() if not _is_mask_buffer(name)}
+    _check_sizes(tensors, config, source)
     state = {}
     for name, shape in _parameter_shapes(config).items():
         hf_name = name.removeprefix("transformer.")
@@ -126,6 +165,10 @@ def state_dict_from_hf(hf_tensors: dict[str, torch.Tensor], config: GPTConfig, s
                 f"{source}: {hf_name} has shape {tuple(tensor.shape)} but config.json implies {shape} "
                 f"(the weights do not belong to this config)"
             )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"{source}: {hf_name} holds NaN or infinite values (a damaged copy: fetch the model again)"
+            )
         state[name] = tensor.contiguous()
     lm_head = tensors.pop("lm_head.weight", None)
     if lm_head is not None and not torch.equal(lm_head, state["transformer.wte.weight"]):
@@ -134,6 +177,27 @@ def state_dict_from_hf(hf_tensors: dict[str, torch.Tensor], config: GPTConfig, s
         raise ValueError(f"{source} holds tensors GPT-2 does not have: {', '.join(sorted(tensors)[:5])}")
     state["lm_head.weight"] = state["transformer.wte.weight"]
     return state
+
+
+def _check_sizes(tensors: dict[str, torch.Tensor], config: GPTConfig, source: str) -> None:
+    """The sizes in config.json against the tensors that pin them (the embeddings, the last block),
+    before a model of those sizes is described: a config.json that lies about them is named here
+    rather than met as a model too large to describe."""
+    pinned = {
+        "wte.weight": (config.vocab_size, config.n_embd),
+        "wpe.weight": (config.block_size, config.n_embd),
+        f"h.{config.n_layer - 1}.ln_1.weight": (config.n_embd,),
+    }
+    for name, shape in pinned.items():
+        if name not in tensors:
+            raise ValueError(
+                f"{source} lacks the tensor {name}: it is not a complete GPT-2 checkpoint of config.json's size"
+            )
+        if tuple(tensors[name].shape) != shape:
+            raise ValueError(
+                f"{source}: {name} has shape {tuple(tensors[name].shape)} but config.json implies {shape} "
+                f"(the weights do not belong to this config)"
+            )
 
 
 def _is_mask_buffer(name: str) -> bool:
@@ -160,6 +224,8 @@ def load_gpt2_dir(directory: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
         hf_config = json.loads(config_path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{config_path} is not valid JSON ({e})") from None
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{config_path} holds a JSON {type(hf_config).__name__}, not an object of settings")
     config = gpt_config_from_hf(hf_config, str(config_path))
     weights_path, hf_tensors = _read_weights(directory)
     return config, state_dict_from_hf(hf_tensors, config, str(weights_path))
@@ -171,15 +237,44 @@ def _read_weights(directory: Path) -> tuple[Path, dict[str, torch.Tensor]]:
         return single, read_safetensors(single)
     index = directory / "model.safetensors.index.json"
     if index.is_file():  # a checkpoint split into shards
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         tensors = {}
-        for shard in shards:
-            tensors.update(read_safetensors(directory / shard))
+        for shard in _shards(index):
+            tensors.update(read_safetensors(shard))
         return index, tensors
     pickled = directory / "pytorch_model.bin"
     if pickled.is_file():
-        return pickled, torch.load(pickled, map_location="cpu", weights_only=True)
+        return pickled, _read_pickled(pickled)
     raise ValueError(f"{directory} has neither model.safetensors nor pytorch_model.bin")
+
+
+def _shards(index: Path) -> list[Path]:
+    """The shard files an index names: files beside it, never anywhere else."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
+        raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise ValueError(f"{index}: weight_map is not a table of tensor names to shard file names")
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        shard = index.parent / name
+        if Path(name).name != name or not shard.is_file():
+            raise ValueError(f"{index} names the shard {name!r}, which is not a file in {index.parent}")
+        shards.append(shard)
+    return shards
+
+
+def _read_pickled(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        tensors = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # a damaged or foreign file fails torch.load in many ways; each means the same here
+        raise ValueError(
+            f"{path} is not a readable PyTorch weights file (truncated, damaged, or holding Python objects "
+            f"beyond tensors)"
+        ) from None
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise ValueError(f"{path} does not hold a table of tensors")
+    return tensors
 
 
 def gpt2_difference(config: GPTConfig) -> tuple[str, object, object] | None:

@@ -2,9 +2,11 @@
 exit status 2, no traceback, and leaves every file it found exactly as it was."""
 
 import errno
+import io
 import json
 import os
 import shutil
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +16,8 @@ import torch
 
 import trainer.checkpoint as checkpoint_module
 from data.files import FileLock
-from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
+from model.hf_gpt2 import hf_config, state_dict_to_hf, write_safetensors
+from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
@@ -110,6 +113,49 @@ def read_only_folder(relative: str) -> Callable[[Path], None]:
         (workspace / relative).chmod(0o555)
 
     return setup
+
+
+def gpt2_dir(
+    config: Callable[[dict], None] = lambda config: None,
+    header: Callable[[dict], None] = lambda header: None,
+    weights: Callable[[dict], None] = lambda tensors: None,
+) -> Callable[[Path], None]:
+    """A tiny Hugging Face GPT-2 directory, gpt2/, whose config.json, safetensors header and
+    tensors the given functions change first."""
+
+    def setup(workspace: Path) -> None:
+        model = tiny_model(vocab_size=64)
+        tensors = state_dict_to_hf(model)
+        weights(tensors)
+        buffer = io.BytesIO()
+        write_safetensors(tensors, buffer, metadata={"format": "pt"})
+        data = buffer.getvalue()
+        header_len = struct.unpack("<Q", data[:8])[0]
+        table = json.loads(data[8 : 8 + header_len])
+        header(table)
+        header_bytes = json.dumps(table).encode("utf-8")
+        (workspace / "gpt2").mkdir()
+        (workspace / "gpt2" / "model.safetensors").write_bytes(
+            struct.pack("<Q", len(header_bytes)) + header_bytes + data[8 + header_len :]
+        )
+        settings = hf_config(model.config, eos_token_id=None)
+        config(settings)
+        (workspace / "gpt2" / "config.json").write_text(json.dumps(settings))
+
+    return setup
+
+
+def lie_about_header_length(workspace: Path) -> None:
+    gpt2_dir()(workspace)
+    path = workspace / "gpt2" / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", 2**40) + path.read_bytes()[8:])
+
+
+def shard_outside_the_directory(workspace: Path) -> None:
+    gpt2_dir()(workspace)
+    (workspace / "gpt2" / "model.safetensors").unlink()
+    weight_map = {"transformer.wte.weight": "../tiny.toml"}
+    (workspace / "gpt2" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 def truncate_checkpoint(workspace: Path) -> None:
@@ -211,6 +257,14 @@ CATALOGUE = [
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
+    Case("safetensors-offsets-past-the-end", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/model.safetensors is truncated or damaged: tensor transformer.wte.weight ends past the end of the file", gpt2_dir(header=lambda h: h["transformer.wte.weight"]["data_offsets"].__setitem__(1, 10**9))),
+    Case("safetensors-shape-that-does-not-fit-its-bytes", "sample.py", ["--init-from", "gpt2"], "tensor transformer.wte.weight of shape (64, 33) in F32 needs 8448 bytes, but its data_offsets give 8192", gpt2_dir(header=lambda h: h["transformer.wte.weight"].update(shape=[64, 33]))),
+    Case("safetensors-header-longer-than-the-file", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a safetensors file (its header would end past the end of the file)", lie_about_header_length),
+    Case("hf-config-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json holds a JSON list, not an object of settings", lambda ws: (gpt2_dir()(ws), write("gpt2/config.json", "[1, 2]")(ws))),
+    Case("hf-config-size-not-an-integer", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32.5, which is not a positive integer", gpt2_dir(config=lambda c: c.update(n_embd=32.5))),
+    Case("hf-config-lying-about-size", "sample.py", ["--init-from", "gpt2"], "wte.weight has shape (64, 32) but config.json implies (64, 1000000000)", gpt2_dir(config=lambda c: c.update(n_embd=10**9, n_head=1))),
+    Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
+    Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "h.0.mlp.c_fc.weight holds NaN or infinite values", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
     Case("export-a-char-level-model", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "this model reads 'char' tokens"),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
     # files of others, never overwritten
