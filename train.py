@@ -4,8 +4,9 @@
 
 Settings come from the config tree's defaults, then the TOML file, then the command line
 (`--section.key=value` or `--section.key value`). Continue a stopped run with
-`--config RUN_DIR/config.toml --train.init_from=resume`. Ctrl-C or SIGTERM stops the run at its
-next log step with a checkpoint (exit status 128 + the signal's number).
+`--config RUN_DIR/config.toml --train.init_from=resume`. Ctrl-C or SIGTERM stops the run after the
+step in progress with a checkpoint (exit status 128 + the signal's number; under torchrun within
+about 2 seconds more, see README).
 
 Several processes, one per GPU (or CPU processes with gloo), with train.parallelism = ddp or fsdp:
 

@@ -9,15 +9,17 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import pytest
 import torch
 
+import trainer.loop as loop_module
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint
-from trainer.loop import Trainer
+from trainer.loop import StopSignals, Trainer
 
 # checkpoints every 5 steps, dropout on: resuming must restore the RNG exactly to match
 RUN_ARGS = [
@@ -109,6 +111,50 @@ def test_sigterm_and_ctrl_c_write_a_checkpoint_and_exit_cleanly(signum, config, 
     assert step >= 7  # the checkpoint written on the signal (evaluations only wrote step 5 by then)
     resume(config)
     assert train_losses(tmp_path / "run") == uninterrupted
+
+
+@pytest.mark.slow
+def test_sigterm_is_honoured_whatever_the_log_interval(config, tmp_path):
+    run_dir = tmp_path / "run"
+    never = "--train.log_interval=100000", "--train.eval_interval=100000"  # no log step, no evaluation to wait for
+    process = start_training(config, "--train.max_iters=100000", *never)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)  # until the evaluation at step 0 is written: training starts after it
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    step = load_checkpoint(run_dir / "ckpt.pt")["step"]
+    assert step >= 1 and f"stopped by SIGTERM at step {step}; checkpoint in" in out
+
+
+def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkeypatch):
+    clock = types.SimpleNamespace(now=0.0)
+    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    polled = []
+
+    class OneOfSeveralProcesses:
+        launched = True
+
+        def max(self, values, device):  # the all-reduce: here, only this process's values
+            polled.append(step)
+            return values
+
+    stop = StopSignals(OneOfSeveralProcesses(), torch.device("cpu"), step=0)
+    stopped_at = None
+    for step in range(1, 100):
+        clock.now += 0.1  # 0.1 s per step: an all-reduce every 20 steps
+        if step == 30:
+            stop.signal = signal.SIGTERM  # what the handler does
+        if stop.requested(step) is not None:
+            stopped_at = step
+            break
+    assert polled == [1, 21, 41] and loop_module.STOP_POLL_SECONDS == 2.0
+    assert stopped_at == 41  # 1.1 s after the signal
 
 
 def trainer_with_hook(run_dir, data_dir, after_step) -> Trainer:

@@ -117,13 +117,14 @@ class World:
         dist.all_reduce(total)  # gloo has no AVG: sum, then divide
         return total / self.size
 
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """True on every process if it is true on any one of them."""
+    def max(self, values: list[float], device: torch.device) -> list[float]:
+        """The elementwise maximum of a few numbers over all processes: one all-reduce, and on CUDA a
+        host sync to read it."""
         if not self.launched:
-            return flag
-        value = torch.tensor(float(flag), device=device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return bool(value.item())
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.tolist()
 
     def gather(self, obj: object) -> list:
         """One picklable object from each process, in rank order, on every process."""

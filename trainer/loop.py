@@ -5,6 +5,7 @@ import difflib
 import math
 import random
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +35,7 @@ from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
 from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 
+STOP_POLL_SECONDS = 2.0  # under torchrun, how often the processes agree on a stop request (Ctrl-C, SIGTERM)
 LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
 
 
@@ -125,7 +127,7 @@ class Trainer:
             disable=not self.world.is_main,
         )
         try:
-            with StopSignals() as stop:
+            with StopSignals(self.world, self.device, self.step) as stop:
                 if not resumed:
                     self._evaluate(progress.write)  # the untrained baseline, close to ln(vocab_size)
                 throughput = Throughput(
@@ -147,10 +149,12 @@ class Trainer:
                         self._evaluate(progress.write)
                         self.save()
                         throughput.restart(self.step)  # evaluation time is not training time
-                    if logged and self.world.any(stop.signal is not None, self.device):
+                    signum = stop.requested(self.step)
+                    if signum is not None:
+                        if not logged:
+                            self._log_step(loss, lr, throughput, progress)  # a checkpoint holds finite losses only
                         if not saved:
                             self.save()
-                        signum = stop.signal or signal.SIGTERM  # another process may have had it
                         self._print(
                             f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
                             f"{self.run_dir / CHECKPOINT_NAME} (continue with --config "
@@ -436,13 +440,22 @@ class Trainer:
 
 class StopSignals:
     """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
-    stop: the loop checks at its next log step, writes a checkpoint and returns. A second Ctrl-C
-    interrupts at once."""
+    stop: the handler only sets a flag, which the loop reads after every step (`requested`); it then
+    writes a checkpoint and returns. A second Ctrl-C interrupts at once.
+
+    A single process reads its own flag, a Python attribute: free. Under torchrun the processes must
+    stop at the same step, and agreeing takes an all-reduce (on CUDA a host sync, which would stall
+    the queue of GPU work if done every step). So they agree about every STOP_POLL_SECONDS: each
+    all-reduce also shares the slowest process's time per step, from which every process computes the
+    same next step to meet at (the next one, while steps take longer than STOP_POLL_SECONDS)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self):
+    def __init__(self, world: World, device: torch.device, step: int):
+        self.world, self.device = world, device
         self.signal: int | None = None
+        self.next_poll = self.last_poll = step
+        self.last_poll_time = time.monotonic()
 
     def __enter__(self) -> "StopSignals":
         self.previous = {signum: signal.signal(signum, self._request) for signum in self.SIGNALS}
@@ -451,6 +464,19 @@ class StopSignals:
     def __exit__(self, *exc) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+    def requested(self, step: int) -> int | None:
+        """The signal to stop on after this step (the same in every process), or None to go on."""
+        if not self.world.launched:
+            return self.signal
+        if step < self.next_poll:
+            return None
+        now = time.monotonic()
+        seconds_per_step = (now - self.last_poll_time) / max(step - self.last_poll, 1)
+        signum, seconds_per_step = self.world.max([float(self.signal or 0), seconds_per_step], self.device)
+        self.next_poll = step + max(1, round(STOP_POLL_SECONDS / max(seconds_per_step, 1e-9)))
+        self.last_poll, self.last_poll_time = step, now
+        return int(signum) or None  # SIGTERM wins over SIGINT if processes got different ones
 
     def _request(self, signum: int, frame) -> None:
         # no printing here: the signal may arrive in the middle of another write to the terminal
