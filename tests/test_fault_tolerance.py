@@ -230,3 +230,13 @@ def test_a_copied_run_directory_resumes_in_the_copy(tmp_path, data_dir, monkeypa
     assert run_entry_point("train.py", resume, monkeypatch) == 0
     assert load_checkpoint(tmp_path / "copy" / "ckpt.pt")["step"] == 12
     assert snapshot(tmp_path / "run") == original
+
+
+def test_a_run_written_before_config_headers_still_resumes(tmp_path, data_dir, monkeypatch):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    config = run_dir / "config.toml"
+    config.write_text(config.read_text().split("\n", 1)[1])  # no first-line mark, as older runs wrote it
+    resume = ["--config", str(config), "--train.init_from=resume", "--train.max_iters=12"]
+    assert run_entry_point("train.py", resume, monkeypatch) == 0
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 12

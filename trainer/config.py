@@ -242,16 +242,19 @@ def run_config_toml(cfg: Config) -> str:
 
 
 def is_run_config(path: Path) -> bool:
-    """Whether path is a config.toml the trainer wrote: a file starting with RUN_CONFIG_HEADER."""
+    """Whether path is a config.toml the trainer wrote: a file starting with RUN_CONFIG_HEADER, or one
+    beside a checkpoint (runs written before the header existed stay resumable)."""
     if not path.is_file():
         return False
+    if (path.parent / CHECKPOINT_NAME).is_file():
+        return True
     with open(path, encoding="utf-8-sig", errors="replace") as f:
         return f.readline() == RUN_CONFIG_HEADER
 
 
 def _is_in_its_run_directory(path: Path) -> bool:
     """Whether path is the config.toml the trainer wrote into a run directory, beside its checkpoint."""
-    return path.name == RUN_CONFIG_NAME and is_run_config(path) and (path.parent / CHECKPOINT_NAME).is_file()
+    return path.name == RUN_CONFIG_NAME and (path.parent / CHECKPOINT_NAME).is_file() and is_run_config(path)
 
 
 def _toml_value(value: object) -> str:
