@@ -228,6 +228,12 @@ def main() -> None:
                 f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
                 f"tokens (shorten the prompt)"
             )
+        if len(prompt_ids) < model.config.attn_block:
+            raise UserError(
+                f"the prompt is {len(prompt_ids)} tokens but a block-causal model (model.attn_block="
+                f"{model.config.attn_block}) predicts each block from the complete block before it (give a prompt of "
+                f"at least {model.config.attn_block} tokens)"
+            )
         rows += [(prompt, prompt_ids)] * args.num_samples
     print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):

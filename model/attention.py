@@ -10,15 +10,22 @@ Options, each chosen when the layer is built: grouped-query attention (fewer key
 query heads, each shared by a group of queries: the KV cache shrinks by that factor), QK-norm
 (queries and keys RMS-normalised per head before their dot product) and rotary position embeddings
 (RoPE: queries and keys rotated by their position, so their dot product depends on the distance).
+
+On CUDA, a pattern's mask can instead be a FlexAttention `BlockMask` built from the same rule
+(`flex_block_mask`): `flex_attention` then skips the blocks of 128 x 128 scores that the rule blocks
+entirely, which is what makes a sliding window or document masking cheaper than full attention.
+FlexAttention has no backward pass on a CPU, and no dropout, so those cases use SDPA's boolean mask.
 """
 
+import functools
 import math
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
-from .masks import causal, dense_mask
+from .masks import Rule, causal, dense_mask
 
 
 def causal_mask(q_len: int, kv_len: int, device: torch.device | None = None) -> torch.Tensor:
@@ -43,9 +50,12 @@ def attention(
     returns (B, H, Tq, D). With Hkv < H (grouped-query attention) each key/value head serves H / Hkv
     consecutive query heads.
 
-    mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a key.
-    None means causal, with the queries taken as the last Tq of the Tk key positions.
+    mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a key, or a
+    FlexAttention BlockMask (CUDA, no dropout). None means causal, with the queries taken as the
+    last Tq of the Tk key positions.
     """
+    if isinstance(mask, BlockMask):
+        return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=q.size(1) != k.size(1))
     q_len, kv_len = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA shares the key/value heads itself, without copying them
     if mask is None and q_len == kv_len:
@@ -59,6 +69,22 @@ def attention(
     if mask is None:
         mask = causal_mask(q_len, kv_len, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+
+
+def flex_block_mask(rule: Rule, batch_size: int | None, T: int, device: torch.device) -> BlockMask:
+    """The rule as a FlexAttention BlockMask over T queries and T keys at positions 0 .. T - 1.
+    batch_size None: the rule does not depend on the row, one mask serves every row."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return rule(b, q_idx, kv_idx)
+
+    return create_block_mask(mask_mod, batch_size, None, T, T, device=device)
+
+
+@functools.cache
+def _compiled_flex_attention():
+    """flex_attention compiled once: uncompiled, it computes every score and masks them afterwards."""
+    return torch.compile(flex_attention)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,6 +13,15 @@ Batches: prompts of different lengths are left padded to one width. Each row kee
 start (its padding, then wherever its context slid to); a forward pass covers the window from the
 earliest start, and the later-starting rows treat the tokens before their start as padding, which
 the mask hides and the positions skip. So each row sees exactly the context it would see alone.
+
+Attention patterns: a prefix-LM model reads each row's prompt as its prefix, encoded in both
+directions in one pass, and decodes causally after it (when the context slides, the re-encoded
+context is the new prefix). A block-causal model predicts each block from the complete blocks before
+it (see trainer/objective.py): the logits of a block, encoded once it is complete, give the next
+block's K tokens, so the cache only ever holds complete blocks. Rows complete their blocks at
+different steps, so a block-causal batch generates row by row, each as it would alone; its prompts
+need at least one complete block. Other patterns need nothing here: the model's mask and cache
+apply them.
 """
 
 from collections.abc import Iterator
@@ -116,6 +125,10 @@ def generate(
             )
     if generators is not None and len(generators) != B:
         raise ValueError(f"{len(generators)} generators for {B} prompt rows: pass one per row")
+    if model.config.attn_block:
+        sampling = (temperature, top_k, top_p, vocab_size, generators)
+        yield from _generate_by_blocks(model, prompt, starts, max_new_tokens, sampling, stop_token, use_cache)
+        return
     tokens = torch.empty(B, width + max_new_tokens, dtype=torch.long, device=prompt.device)
     tokens[:, :width] = prompt
     length = width
@@ -127,7 +140,10 @@ def generate(
     mode = "reduce-overhead" if prompt.device.type == "cuda" else None
     step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
-    logits, window_pad = _encode(model, tokens, starts, length, cache)
+    # prefix-LM: each row's prompt is its prefix (None: the model has no prefix)
+    prefixes = [width - start for start in starts]
+    prefix = _prefix_tensor(model, prefixes, prompt.device)
+    logits, window_pad = _encode(model, tokens, starts, length, cache, prefix)
     for i in range(max_new_tokens):
         next_token = _sample_rows(logits[:, -1, :vocab_size], temperature, top_k, top_p, generators)  # (B,)
         if stop_token is not None:
@@ -141,14 +157,24 @@ def generate(
             return
         new_starts = [slide_context(start, length, block_size) for start in starts]
         if cache is not None and new_starts == starts:
-            logits, _ = step(next_token.view(B, 1), cache=cache, pad=window_pad)
+            logits, _ = step(next_token.view(B, 1), cache=cache, pad=window_pad, prefix=prefix)
         else:
+            # a row whose context slid starts afresh: its whole re-encoded context is its prefix
+            prefixes = [
+                length - new if new != start else old
+                for old, new, start in zip(prefixes, new_starts, starts, strict=True)
+            ]
+            prefix = _prefix_tensor(model, prefixes, prompt.device)
             starts = new_starts
-            logits, window_pad = _encode(model, tokens, starts, length, cache)
+            logits, window_pad = _encode(model, tokens, starts, length, cache, prefix)
+
+
+def _prefix_tensor(model: GPT, prefixes: list[int], device: torch.device) -> torch.Tensor | None:
+    return torch.tensor(prefixes, device=device) if model.config.attn_prefix_lm else None
 
 
 def _encode(
-    model: GPT, tokens: torch.Tensor, starts: list[int], length: int, cache
+    model: GPT, tokens: torch.Tensor, starts: list[int], length: int, cache, prefix: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode every row's context from position 0 in one forward pass: the window from the earliest
     row start to `length`, with each row's earlier tokens as padding. Returns the logits and that
@@ -159,7 +185,7 @@ def _encode(
         pad = torch.tensor([start - first for start in starts], device=tokens.device)  # (B,)
     if cache is not None:
         cache.reset()
-    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad)
+    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad, prefix=prefix)
     return logits, pad
 
 
@@ -178,3 +204,72 @@ def _sample_rows(
         for row, generator in enumerate(generators)
     ]
     return torch.cat(rows)
+
+
+def _generate_by_blocks(
+    model: GPT,
+    prompt: torch.Tensor,
+    starts: list[int],
+    max_new_tokens: int,
+    sampling: tuple,
+    stop_token: int | None,
+    use_cache: bool,
+) -> Iterator[torch.Tensor]:
+    """`generate` for a block-causal model: each row on its own, the rows in step. sampling:
+    temperature, top_k, top_p, vocab_size and generators, as for `generate`."""
+    temperature, top_k, top_p, vocab_size, generators = sampling
+    K = model.config.attn_block
+    for row, start in enumerate(starts):
+        if prompt.size(1) - start < K:
+            raise ValueError(
+                f"prompt row {row} has {prompt.size(1) - start} tokens: a block-causal model (attn_block={K}) "
+                f"predicts each block from the complete block before it, so a prompt needs at least {K} tokens"
+            )
+
+    def sampler(row: int):
+        row_generators = None if generators is None else [generators[row]]
+        return lambda logits: _sample_rows(logits[:, :vocab_size], temperature, top_k, top_p, row_generators)
+
+    rows = [
+        _block_row(model, prompt[row : row + 1, start:], max_new_tokens, sampler(row), use_cache)
+        for row, start in enumerate(starts)
+    ]
+    finished = [False] * len(rows)
+    for _ in range(max_new_tokens):
+        next_tokens = [stop_token if done else next(row).item() for row, done in zip(rows, finished, strict=True)]
+        finished = [done or token == stop_token for done, token in zip(finished, next_tokens, strict=True)]
+        yield torch.tensor(next_tokens)
+        if stop_token is not None and all(finished):
+            return
+
+
+def _block_row(
+    model: GPT, prompt: torch.Tensor, max_new_tokens: int, sample, use_cache: bool
+) -> Iterator[torch.Tensor]:
+    """Yield (1,) new tokens for a (1, L) prompt of a block-causal model. The token at context
+    position n is predicted by position n - K, in the last complete block; each block is encoded
+    once it is complete (with the cache, on top of the blocks before it)."""
+    K, block_size = model.config.attn_block, model.config.block_size
+    tokens = torch.empty(1, prompt.size(1) + max_new_tokens, dtype=torch.long, device=prompt.device)
+    tokens[:, : prompt.size(1)] = prompt
+    length = prompt.size(1)
+    cache = model.new_cache(1, min(block_size, length + max_new_tokens)) if use_cache else None
+    start = encoded = 0  # the context's first token; how many of its tokens the cache holds (whole blocks)
+    for _ in range(max_new_tokens):
+        if length - start > block_size:  # slide, keeping at least one complete block
+            start = length - max(block_size // 2, K)
+            encoded = 0
+            if cache is not None:
+                cache.reset()
+        complete = (length - start) // K * K  # context tokens in complete blocks
+        if complete > encoded:
+            if cache is not None:
+                logits, _ = model(tokens[:, start + encoded : start + complete], cache=cache)
+            else:
+                logits, _ = model(tokens[:, start : start + complete])
+            predictions = logits[0, -K:]  # (K, V): the tokens at context positions complete .. complete + K - 1
+            encoded = complete
+        next_token = sample(predictions[length - start - complete][None])  # (1,)
+        tokens[:, length] = next_token
+        length += 1
+        yield next_token

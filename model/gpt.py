@@ -21,9 +21,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import CausalSelfAttention
-from .kv_cache import KVCache
-from .masks import dense_mask, document_ids, is_plain_causal, pattern_rule
+from .attention import BlockMask, CausalSelfAttention, flex_block_mask
+from .kv_cache import KVCache, RollingKVCache
+from .masks import Rule, dense_mask, document_ids, is_plain_causal, pattern_rule
 
 PATTERN_LIMITS = {
     "attn_sinks": "sinks are the first positions of the context",
@@ -165,6 +165,7 @@ class GPT(nn.Module):
             )
         self.config = config
         self.plain_causal = is_plain_causal(config)  # no mask needed: attention's fused causal path
+        self.block_masks = {}  # FlexAttention masks of a pattern that reads nothing of the row, by length
         self.transformer = nn.ModuleDict(
             dict(
                 wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding
@@ -244,31 +245,53 @@ class GPT(nn.Module):
     ) -> torch.Tensor | None:
         """The (B, 1, T, kv_len) mask of the pattern's rule for these queries over the keys they
         read, or None for plain causal attention over exactly these tokens (or a cache's written
-        slots), which attention applies itself without building a mask."""
+        slots), which attention applies itself without building a mask. On CUDA, a whole sequence
+        without cache or padding gets a FlexAttention BlockMask of the rule instead (SDPA's dense
+        mask where dropout is on: FlexAttention has none)."""
         needs_mask = pad is not None or (cache is not None and cache.static)
         if self.plain_causal and not needs_mask:
             return None
         B = idx.size(0)
         q_pos = positions.expand(B, -1)  # (B, T)
-        k_pos = q_pos if cache is None else cache.key_positions(slots, pad).expand(B, -1)  # (B, kv_len)
+        k_pos = q_pos if cache is None else cache.key_positions(q_pos, slots, pad).expand(B, -1)  # (B, kv_len)
         doc_ids = None
-        if self.config.attn_documents:
-            doc_ids = document_ids(idx, self.config.eot_token, q_pos)
+        if self.config.attn_documents and cache is None:
+            doc_ids, _ = document_ids(idx, self.config.eot_token, q_pos)
+        elif self.config.attn_documents:
+            doc_ids = cache.document_ids(idx, self.config.eot_token, q_pos)
         rule = pattern_rule(self.config, prefix, doc_ids)
+        dropout = self.training and self.config.dropout > 0
+        if idx.is_cuda and cache is None and pad is None and not dropout:
+            return self.block_mask(rule, B, idx.size(1), idx.device)
         return dense_mask(rule, q_pos, k_pos)
+
+    def block_mask(self, rule: Rule, batch_size: int, T: int, device: torch.device) -> BlockMask:
+        """The rule's FlexAttention BlockMask. A pattern that reads nothing of the row (window,
+        sinks, block-causal) has one mask per length, built once and kept; prefix lengths and
+        documents change with every batch."""
+        if self.config.attn_prefix_lm or self.config.attn_documents:
+            return flex_block_mask(rule, batch_size, T, device)
+        key = (T, str(device))
+        if key not in self.block_masks:
+            self.block_masks[key] = flex_block_mask(rule, None, T, device)
+        return self.block_masks[key]
 
     def new_cache(self, batch_size: int, max_len: int | None = None, static: bool = False) -> KVCache:
         """An empty KV cache for batch_size sequences of up to max_len (default and at most
         block_size) tokens, on the model's device and in its dtype. static: attention reads every
-        slot, masked, so that each step has the same shapes (for torch.compile); see KVCache."""
+        slot, masked, so that each step has the same shapes (for torch.compile); see KVCache.
+        A sliding-window model gets a rolling cache of attn_window + attn_sinks slots when that is
+        fewer than max_len."""
         cfg = self.config
         max_len = max_len or cfg.block_size
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.transformer.wte.weight  # not lm_head's: packed for inference, it has no .weight
-        return KVCache(
-            cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_dim, max_len, weight.device, weight.dtype, static
-        )
+        shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_dim, max_len)
+        if cfg.attn_window and cfg.attn_window + cfg.attn_sinks < max_len:
+            window = {"window": cfg.attn_window, "sinks": cfg.attn_sinks}
+            return RollingKVCache(*shape, **window, device=weight.device, dtype=weight.dtype, static=static)
+        return KVCache(*shape, weight.device, weight.dtype, static)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. A tied token embedding counts once (it is also the output layer);

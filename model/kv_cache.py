@@ -10,11 +10,16 @@ is what eager decoding on a CPU is bound by) or, with `static=True`, all max_len
 hiding the ones not written yet. A static cache makes every decoding step run the same tensor
 shapes on the same buffers, which is what lets `torch.compile` (and CUDA graphs) capture one step
 and replay it.
+
+A sliding-window model needs only the last W positions (and its S sinks): `RollingKVCache` keeps
+W + S slots and overwrites the oldest, so its memory is bounded by the window, not the sequence.
+Both caches record what attention patterns need of the cached keys: their positions and, for
+document masking, the document of each position.
 """
 
 import torch
 
-from .masks import UNWRITTEN
+from .masks import UNWRITTEN, document_ids
 
 
 class KVCache:
@@ -35,20 +40,26 @@ class KVCache:
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         static: bool = False,
+        n_slots: int | None = None,
     ):
         # n_head: the key/value heads (fewer than the query heads with grouped-query attention).
-        # One (B, H, max_len, D) tensor per layer: torch.compile writes a whole tensor in place, but a
-        # write into a view of a larger one (a layer of a stacked buffer) would copy that buffer
-        shape = (batch_size, n_head, max_len, head_dim)
+        # One (B, H, n_slots, D) tensor per layer (n_slots: max_len unless a subclass keeps fewer):
+        # torch.compile writes a whole tensor in place, but a write into a view of a larger one (a
+        # layer of a stacked buffer) would copy that buffer
+        shape = (batch_size, n_head, n_slots or max_len, head_dim)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.max_len = max_len
         self.static = static
         self.pos = 0  # slots claimed so far, counted on the host: checking room never waits for the device
         self.next_slot = torch.zeros(1, dtype=torch.long, device=device)  # the same count, on the device
+        # document masking: the document of each position (last column: scratch for padding), and
+        # how many end-of-text tokens each row has had
+        self.doc_ids = torch.zeros(batch_size, max_len + 1, dtype=torch.long, device=device)
+        self.eot_seen = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         # The buffers stay at fixed addresses and are updated in place, so compiled steps (CUDA graphs
         # included) may read and write them directly instead of copying them in and out.
-        for buffer in (*self.k, *self.v, self.next_slot):
+        for buffer in (*self.k, *self.v, self.next_slot, self.doc_ids, self.eot_seen):
             torch._dynamo.mark_static_address(buffer)
 
     @torch.compiler.disable  # host-side bookkeeping: keeps the changing count out of compiled graphs
@@ -73,13 +84,21 @@ class KVCache:
             return self.next_slot + torch.arange(n_tokens, device=self.next_slot.device)
         return torch.arange(self.pos - n_tokens, self.pos, device=self.next_slot.device)
 
-    def key_positions(self, slots: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+    def key_positions(self, q_pos: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
         """(1 or B, kv_len) the position of the key in each slot attention reads, given the current
-        call's slots: negative for left padding, UNWRITTEN for a slot not written yet (static)."""
+        call's query positions (B, T) and slots (T,): negative for left padding, UNWRITTEN for a
+        slot not written yet (static). Called once per forward pass, before the layers."""
         keys = torch.arange(self.kv_len, device=slots.device)  # (kv_len,)
         written = keys <= slots[-1]
         positions = keys[None] if pad is None else keys[None] - pad[:, None]
         return torch.where(written, positions, UNWRITTEN)
+
+    def document_ids(self, idx: torch.Tensor, eot_token: int, q_pos: torch.Tensor) -> torch.Tensor:
+        """Record the documents of the new tokens idx (B, T) at positions q_pos (B, T); returns the
+        table of every position's document (see masks.document_ids). Once per forward pass."""
+        table, seen = document_ids(idx, eot_token, q_pos, self.doc_ids, self.eot_seen)
+        self.eot_seen.copy_(seen)
+        return table
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) keys and values into the current call's slots; return the layer's
@@ -103,3 +122,57 @@ class KVCache:
         """Forget the cached tokens; the memory is kept and overwritten."""
         self.pos = 0
         self.next_slot.zero_()
+        self.doc_ids.zero_()
+        self.eot_seen.zero_()
+
+
+class RollingKVCache(KVCache):
+    """A KV cache for a sliding window of `window` positions plus `sinks` sink positions: it keeps
+    window + sinks slots, so its memory does not grow with the sequence.
+
+    The first `sinks` positions of each row stay in slots 0 .. sinks - 1; position p >= sinks goes
+    to slot sinks + (p - sinks) % window, overwriting the position `window` before it, which no
+    later query sees. Each call's queries attend over the slots as they were before the call plus
+    the call's own keys (a prompt longer than the window needs all of its keys at once); then the
+    keys that later queries will need are written. A row's positions start after its padding, so
+    each row writes to its own slots; padding, and keys that a later key of the same call replaces,
+    go to a scratch slot that is never read.
+    """
+
+    def __init__(self, *shape: int, window: int, sinks: int, **options):
+        """shape: n_layer, batch_size, n_head, head_dim, max_len; options: device, dtype, static (see KVCache)."""
+        self.n_slots = window + sinks
+        self.window = window
+        self.sinks = sinks
+        super().__init__(*shape, **options, n_slots=self.n_slots + 1)
+        batch_size, device = shape[1], self.next_slot.device
+        # the position held in each slot (the last column is the scratch slot)
+        self.positions = torch.full((batch_size, self.n_slots + 1), UNWRITTEN, dtype=torch.long, device=device)
+        self.write_slots = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # the current call's
+        torch._dynamo.mark_static_address(self.positions)
+
+    def key_positions(self, q_pos: torch.Tensor, slots: torch.Tensor, pad: torch.Tensor | None) -> torch.Tensor:
+        """(B, n_slots + T) positions of the keys the current call reads: the slots before the call,
+        then its own tokens. Also decides where the call's keys go, and records their positions."""
+        B, T = q_pos.shape
+        keys = torch.cat([self.positions[:, : self.n_slots], q_pos], dim=1)  # (B, n_slots + T)
+        latest = torch.arange(T, device=q_pos.device) >= T - self.window  # (T,): not replaced within the call
+        ring = self.sinks + (q_pos - self.sinks) % self.window  # (B, T)
+        slot = torch.where(q_pos < self.sinks, q_pos, torch.where(latest, ring, self.n_slots))
+        self.write_slots = torch.where(q_pos >= 0, slot, self.n_slots)  # (B, T); n_slots: scratch
+        self.positions.scatter_(1, self.write_slots, q_pos)
+        return keys
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the keys and values before this call followed by the new ones (B, H, T, D), as
+        (B, H, n_slots + T, D); then write the new ones into their slots."""
+        keys = torch.cat([self.k[layer][:, :, : self.n_slots], k], dim=2)
+        values = torch.cat([self.v[layer][:, :, : self.n_slots], v], dim=2)
+        index = self.write_slots[:, None, :, None].expand_as(k)  # (B, H, T, D)
+        self.k[layer].scatter_(2, index, k)
+        self.v[layer].scatter_(2, index, v)
+        return keys, values
+
+    def reset(self) -> None:
+        super().reset()
+        self.positions.fill_(UNWRITTEN)

@@ -135,17 +135,29 @@ def dense_mask(rule: Rule, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Te
     return (allowed | ((q == k) & (q < 0)))[:, None]  # (B, 1, Tq, Tk)
 
 
-def document_ids(idx: torch.Tensor, eot_token: int, positions: torch.Tensor) -> torch.Tensor:
-    """(B, T) document of each position: the count of end-of-text tokens at or before it. The
-    end-of-text token that separates two documents opens the second one, where it acts as its
+def document_ids(
+    idx: torch.Tensor,
+    eot_token: int,
+    positions: torch.Tensor,
+    table: torch.Tensor | None = None,
+    seen: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The document of each position: the count of end-of-text tokens at or before it. The
+    end-of-text token between two documents opens the second one, where it acts as its
     beginning-of-sequence token; the last token of the first predicts it.
 
     idx: (B, T) tokens; positions: (B, T) their positions (negative: left padding, skipped). The
-    result is indexed by position: ids[b, p] is the document of row b's position p.
+    ids are written by position into table (B, L + 1), whose last column takes the padding's (a new
+    (B, T + 1) table without one), counting on from seen (B, 1) end-of-text tokens before idx.
+    Returns the table (doc of row b's position p: table[b, p]) and the count at the end of idx.
     """
     B, T = idx.shape
     is_eot = (idx == eot_token) & (positions >= 0)
-    ids = is_eot.long().cumsum(dim=1)  # (B, T) by slot
-    pad = (-positions[:, :1]).clamp(min=0)  # (B, 1): slot of each row's position 0
-    by_position = (torch.arange(T, device=idx.device) + pad).clamp(max=T - 1)  # (B, T)
-    return ids.gather(1, by_position)
+    ids = is_eot.long().cumsum(dim=1)  # (B, T)
+    if seen is not None:
+        ids = ids + seen
+    if table is None:
+        table = torch.zeros(B, T + 1, dtype=torch.long, device=idx.device)
+    scratch = table.size(1) - 1
+    table.scatter_(1, torch.where(positions >= 0, positions, scratch), ids)
+    return table, ids[:, -1:]

@@ -1,9 +1,7 @@
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from model import KVCache, generate
+from model import GPTConfig, KVCache, generate
 from model.generate import slide_context
 from tests.conftest import tiny_model
 
@@ -116,9 +114,9 @@ class ScriptedModel:
     def __init__(self, script: list[list[int]], prompt_len: int, block_size: int = BLOCK):
         self.script = torch.tensor(script)
         self.prompt_len = prompt_len
-        self.config = SimpleNamespace(block_size=block_size)
+        self.config = GPTConfig(block_size=block_size)
 
-    def __call__(self, context: torch.Tensor, cache=None, pad=None):
+    def __call__(self, context: torch.Tensor, cache=None, pad=None, prefix=None):
         step = context.size(1) - self.prompt_len  # without a cache, the context is the whole sequence
         logits = torch.zeros(context.size(0), 1, VOCAB)
         logits[torch.arange(context.size(0)), 0, self.script[:, step]] = 1.0

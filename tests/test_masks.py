@@ -3,10 +3,12 @@ the model built with each pattern sees exactly what the pattern promises."""
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import create_mask
 
 from errors import ConfigError
 from model import GPTConfig
-from model.masks import is_plain_causal
+from model.attention import attention, flex_block_mask
+from model.masks import dense_mask, document_ids, is_plain_causal, pattern_rule
 from tests.conftest import tiny_model
 from trainer.config import load_config
 
@@ -213,3 +215,38 @@ def test_patterns_that_make_sense_together_compose():
 def test_document_masking_needs_an_end_of_text_token():
     with pytest.raises(ValueError, match="attn_documents=true needs eot_token"):
         tiny_model(VOCAB, attn_documents=True)
+
+
+def pattern_inputs(name: str, B: int, T: int, device: str = "cpu") -> tuple:
+    """A pattern's rule on random rows, and the positions (B, T) of a whole sequence."""
+    config = tiny_model(VOCAB, block_size=T, **PATTERNS[name]).config
+    generator = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 10, (B, T), generator=generator).to(device)
+    positions = torch.arange(T, device=device).expand(B, T)
+    doc_ids, _ = document_ids(idx, EOT, positions)
+    prefix = torch.randint(1, T + 1, (B,), generator=generator).to(device)
+    return pattern_rule(config, prefix, doc_ids), positions
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_rule_read_as_a_flex_attention_mask_mod_gives_the_dense_mask(name):
+    """FlexAttention evaluates the rule element by element under vmap: the same mask must come out."""
+    rule, positions = pattern_inputs(name, B=2, T=40)
+    flex_mask = create_mask(lambda b, h, q, k: rule(b, q, k), 2, None, 40, 40, device="cpu")
+    assert torch.equal(flex_mask, dense_mask(rule, positions, positions))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PATTERNS)
+def test_flex_attention_matches_sdpa_with_the_dense_mask(name):
+    B, H, T, D = 2, 2, 300, 16  # three 128-position blocks, the last one partial
+    rule, positions = pattern_inputs(name, B, T, device="cuda")
+    q, k, v = (torch.randn(B, H, T, D, device="cuda") for _ in range(3))
+    results = []
+    for mask in (flex_block_mask(rule, B, T, torch.device("cuda")), dense_mask(rule, positions, positions)):
+        inputs = [tensor.clone().requires_grad_() for tensor in (q, k, v)]
+        output = attention(*inputs, mask=mask)
+        output.square().sum().backward()
+        results.append([output, *(tensor.grad for tensor in inputs)])
+    for flex, sdpa in zip(*results, strict=True):
+        torch.testing.assert_close(flex, sdpa, rtol=1e-4, atol=1e-4)

@@ -17,6 +17,11 @@ from model.hf_gpt2 import gpt2_difference, hf_config, load_gpt2_dir, state_dict_
 from trainer.config import Config
 
 WEIGHTS_NAME = "model.safetensors"
+# the attention pattern keys and their plain causal values
+PATTERN_DEFAULTS = {
+    name: getattr(GPTConfig(), name)
+    for name in ("attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents")
+}
 
 
 def load_gpt2(path: Path, key: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
@@ -70,6 +75,13 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
     """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
     loads. The weights keep their dtype; a model trained without biases gets zero biases."""
+    patterned = [key for key, plain in PATTERN_DEFAULTS.items() if getattr(model.config, key) != plain]
+    if patterned:
+        key = patterned[0]
+        raise UserError(
+            f"--export writes a GPT-2 directory, whose attention is plain causal, but this model was trained with "
+            f"model.{key}={str(getattr(model.config, key)).lower()} (only models without an attention pattern export)"
+        )
     check_writable_dir(directory, "--export")
     held = _model_files(directory)
     if held:
