@@ -1,12 +1,22 @@
-"""Pictures of runs: loss curves of several runs side by side.
+"""Pictures of runs and of attention: loss curves, attention masks, and what a model attends to.
 
     python plot.py loss out/run_a out/run_b --out loss.png            # against optimizer steps
     python plot.py loss out/run_a out/run_b --x tokens --out loss.png  # or tokens, or wall time (--x time)
+    python plot.py mask --config configs/shakespeare_char.toml --model.attn_window=8 --out mask.png
+    python plot.py mask --all --size 24 --out patterns.png     # every attention pattern side by side
+    python plot.py attention --out-dir out/shakespeare_char --prompt "ROMEO: " --out attention.png
 
 `loss` reads each run directory's metrics.jsonl (a run still training too: its last, half-written
 line is left out) and config.toml, draws the train loss of the logged steps and the val loss of the
 evaluations against steps, tokens trained on or wall time, with a legend of the run names, and
 prints a table of each run's last evaluation: val loss, bits per byte and wall time.
+
+`mask` draws which keys (columns) each query (rows) may attend to, from the same rule the model
+uses (model/masks.py): dark cells are allowed, light ones blocked. A prefix-LM picture shows a
+prefix of a third of the positions, a document picture documents that start at a third and at
+two thirds (settable with --prefix and --documents-at). `attention` runs a trained model on the
+prompt and draws the attention weights of every layer and head (or their average with --average)
+as heatmaps labelled with the prompt's tokens.
 """
 
 import argparse
@@ -20,8 +30,13 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 from errors import UserError, run_cli  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
+from model.masks import dense_mask, pattern_rule  # noqa: E402
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
 
@@ -30,16 +45,35 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "tokens": "tokens trained on",
     "time": "wall time since the run's first record (s)",
 }
+ALLOWED, BLOCKED = "#1f4e79", "#eef2f7"
+PLAIN_CAUSAL = {"attn_window": 0, "attn_sinks": 0, "attn_prefix_lm": False, "attn_block": 0, "attn_documents": False}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     loss = commands.add_parser("loss", help="draw the train and val loss of runs, and print their final values")
     loss.add_argument("runs", nargs="+", help=f"run directories, each holding {METRICS_NAME} and config.toml")
     loss.add_argument("--out", required=True, help="PNG file to write")
     loss.add_argument("--x", choices=X_AXES, default="steps", help="horizontal axis (default: steps)")
-    return parser.parse_args(argv)
+    mask = commands.add_parser("mask", help="draw the attention mask of a config (overrides: --model.key=value)")
+    mask.add_argument("--config", help="TOML config file (default: the config defaults)")
+    mask.add_argument("--out", required=True, help="PNG file to write")
+    mask.add_argument("--size", type=int, default=24, help="positions drawn (default: 24, at most block_size)")
+    mask.add_argument("--all", action="store_true", help="draw every pattern side by side, sized from --size")
+    mask.add_argument("--prefix", type=int, help="prefix-LM: the prefix length drawn (default: a third)")
+    mask.add_argument(
+        "--documents-at", type=int, nargs="*", help="documents: the positions where documents start (default: thirds)"
+    )
+    attention = commands.add_parser("attention", help="draw a trained model's attention weights on a prompt")
+    attention.add_argument("--out-dir", required=True, help=f"run directory holding {CHECKPOINT_NAME}")
+    attention.add_argument("--prompt", required=True, help="text to attend over (at most block_size tokens)")
+    attention.add_argument("--out", required=True, help="PNG file to write")
+    attention.add_argument("--average", action="store_true", help="one heatmap: the mean over layers and heads")
+    args, overrides = parser.parse_known_args(argv)
+    if args.command != "mask" and overrides:
+        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+    return args, overrides
 
 
 @dataclasses.dataclass
@@ -121,6 +155,121 @@ def print_table(header: list[str], rows: list[list[str]]) -> None:
         )
 
 
+def pattern_mask(config: GPTConfig, size: int, prefix: int, documents_at: list[int]) -> torch.Tensor:
+    """(size, size) boolean: the config's rule over positions 0 .. size - 1 of one row."""
+    positions = torch.arange(size)[None]  # (1, size)
+    starts = torch.zeros(size, dtype=torch.long)
+    starts[[p for p in documents_at if 0 <= p < size]] = 1
+    doc_ids = starts.cumsum(0)[None]  # (1, size): the document of each position
+    rule = pattern_rule(config, torch.tensor([prefix]), doc_ids)
+    return dense_mask(rule, positions, positions)[0, 0]
+
+
+def every_pattern(size: int) -> dict[str, dict]:
+    """One config per pattern, with sizes that show at `size` positions."""
+    window = max(2, size // 4)
+    return {
+        "causal": {},
+        f"sliding window (attn_window={window})": {"attn_window": window},
+        f"window + sinks (attn_window={window}, attn_sinks=2)": {"attn_window": window, "attn_sinks": 2},
+        "prefix-LM (attn_prefix_lm)": {"attn_prefix_lm": True},
+        f"block-causal (attn_block={max(2, size // 6)})": {"attn_block": max(2, size // 6)},
+        "documents (attn_documents)": {"attn_documents": True},
+        f"documents + window (attn_window={window})": {"attn_documents": True, "attn_window": window},
+    }
+
+
+def draw_mask(ax, mask: torch.Tensor, title: str) -> None:
+    size = mask.size(0)
+    colours = matplotlib.colors.ListedColormap([BLOCKED, ALLOWED])
+    ax.imshow(mask.int().numpy(), cmap=colours, vmin=0, vmax=1)
+    ax.set_xticks(torch.arange(-0.5, size, 1).tolist(), minor=True)
+    ax.set_yticks(torch.arange(-0.5, size, 1).tolist(), minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    step = max(1, size // 8)
+    ax.set_xticks(range(0, size, step))
+    ax.set_yticks(range(0, size, step))
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_title(title, fontsize=10)
+
+
+def plot_mask(args: argparse.Namespace, overrides: list[str]) -> None:
+    model_config = load_config(args.config, overrides).model
+    size = args.size
+    if not 1 <= size <= model_config.block_size:
+        raise UserError(f"--size={size} must be between 1 and model.block_size={model_config.block_size}")
+    prefix = args.prefix if args.prefix is not None else max(1, size // 3)
+    documents_at = args.documents_at if args.documents_at is not None else [size // 3, 2 * size // 3]
+    if args.all:
+        plain = dataclasses.replace(model_config, **PLAIN_CAUSAL)
+        configs = {title: dataclasses.replace(plain, **keys) for title, keys in every_pattern(size).items()}
+    else:
+        configs = {describe(model_config): model_config}
+    fig, axes = plt.subplots(1, len(configs), figsize=(4.2 * len(configs), 4.6), squeeze=False)
+    for ax, (title, config) in zip(axes[0], configs.items(), strict=True):
+        draw_mask(ax, pattern_mask(config, size, prefix, documents_at), title)
+    fig.suptitle(f"attention masks over {size} positions: dark = may attend, light = blocked", fontsize=11)
+    save(fig, args.out)
+
+
+def describe(config: GPTConfig) -> str:
+    changed = [f"{key}={str(getattr(config, key)).lower()}" for key in PLAIN_CAUSAL if getattr(config, key)]
+    return ", ".join(changed) or "causal"
+
+
+def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
+    """(n_layer, n_head, T, T) the attention weights of every layer and head for one prompt (a
+    prefix-LM model reads it as its prefix, as when sampling)."""
+    inputs = {}
+
+    def keep_input(layer: int):
+        def hook(module, args):
+            inputs[layer] = args  # (x after ln_1, mask, cache)
+
+        return hook
+
+    handles = [block.attn.register_forward_pre_hook(keep_input(i)) for i, block in enumerate(model.transformer.h)]
+    idx = torch.tensor([ids])
+    prefix = torch.tensor([len(ids)]) if model.config.attn_prefix_lm else None
+    with torch.no_grad():
+        model(idx, prefix=prefix)
+        weights = [block.attn.weights(*inputs[i][:2])[0] for i, block in enumerate(model.transformer.h)]
+    for handle in handles:
+        handle.remove()
+    return torch.stack(weights)
+
+
+def plot_attention(args: argparse.Namespace) -> None:
+    checkpoint_path = Path(args.out_dir) / CHECKPOINT_NAME
+    model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
+    ids = tokenizer.encode(args.prompt)
+    if not 1 <= len(ids) <= model.config.block_size:
+        raise UserError(f"--prompt is {len(ids)} tokens; it must hold 1 to block_size={model.config.block_size} tokens")
+    weights = attention_maps(model, ids)  # (L, H, T, T)
+    labels = [repr(tokenizer.decode([i]))[1:-1].replace(" ", "\u2423") for i in ids]  # a space shows as ␣
+    if args.average:
+        maps = {"mean over layers and heads": weights.mean(dim=(0, 1))}
+        rows, cols = 1, 1
+    else:
+        rows, cols = weights.shape[:2]
+        maps = {f"layer {layer}, head {head}": weights[layer, head] for layer in range(rows) for head in range(cols)}
+    cell = max(3.0, 0.22 * len(ids))
+    fig, axes = plt.subplots(rows, cols, figsize=(cell * cols + 1, cell * rows + 1), squeeze=False)
+    for ax, (title, grid) in zip(axes.flat, maps.items(), strict=True):
+        blocked_white = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+        image = ax.imshow(np.ma.masked_equal(grid.numpy(), 0), cmap=blocked_white, vmin=0, vmax=1)
+        ax.set_xticks(range(len(ids)), labels, rotation=90, fontsize=7)
+        ax.set_yticks(range(len(ids)), labels, fontsize=7)
+        ax.set_xlabel("key")
+        ax.set_ylabel("query")
+        ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(f"{describe(model.config)} attention on {args.prompt!r} (white: blocked)", fontsize=10)
+    save(fig, args.out)
+
+
 def check_out(out: str) -> None:
     path = Path(out)
     if path.suffix.lower() != ".png":
@@ -137,9 +286,14 @@ def save(fig, out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args, overrides = parse_args(argv)
     check_out(args.out)
-    plot_loss(args)
+    if args.command == "loss":
+        plot_loss(args)
+    elif args.command == "mask":
+        plot_mask(args, overrides)
+    else:
+        plot_attention(args)
 
 
 if __name__ == "__main__":

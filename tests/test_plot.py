@@ -1,0 +1,92 @@
+"""plot.py: the pictures are valid PNG files that show the pattern, and the attention weights they
+draw come from the explicit path of attention (exact zeros where blocked, rows summing to 1)."""
+
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+
+import plot
+from errors import UserError
+from model import attention, attention_weights
+from tests.conftest import tiny_config, tiny_model
+from tests.test_masks import EOT, PATTERNS
+from trainer.loop import Trainer
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def draw(tmp_path, name: str, *args: str) -> np.ndarray:
+    out = tmp_path / f"{name}.png"
+    plot.main(["mask", "--size", "12", "--out", str(out), *args])
+    assert out.read_bytes().startswith(PNG_SIGNATURE)
+    return matplotlib.image.imread(out)
+
+
+def test_mask_pictures_are_png_files_that_differ_between_patterns(tmp_path):
+    pictures = {
+        "causal": draw(tmp_path, "causal"),
+        "window": draw(tmp_path, "window", "--model.attn_window=3"),
+        "block": draw(tmp_path, "block", "--model.attn_block=4"),
+        "documents": draw(tmp_path, "documents", "--model.attn_documents"),
+    }
+    names = list(pictures)
+    for i, first in enumerate(names):
+        for second in names[i + 1 :]:
+            a, b = pictures[first], pictures[second]
+            assert a.shape != b.shape or not np.array_equal(a, b), (first, second)
+
+
+def test_every_pattern_drawn_side_by_side(tmp_path):
+    single = draw(tmp_path, "single")
+    every = draw(tmp_path, "every", "--all")
+    assert every.shape[1] > 5 * single.shape[1] // 2  # seven panels are far wider than one
+
+
+def test_mask_of_the_rule_is_what_is_drawn():
+    config = tiny_model(50, 16, attn_window=3).config
+    mask = plot.pattern_mask(config, 6, prefix=2, documents_at=[])
+    expected = torch.tensor([[j <= i and i - j < 3 for j in range(6)] for i in range(6)])
+    assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_weights_of_every_layer_are_zero_where_blocked_and_rows_sum_to_one(name):
+    model = tiny_model(50, 16, **PATTERNS[name])
+    ids = torch.randint(0, 50, (16,), generator=torch.Generator().manual_seed(0))
+    ids[[5, 11]] = EOT
+    weights = plot.attention_maps(model, ids.tolist())  # (L, H, T, T)
+    prefix = torch.tensor([16]) if PATTERNS[name].get("attn_prefix_lm") else None
+    slots = torch.arange(16)
+    mask = model.attention_mask(ids[None], slots[None], slots, None, None, prefix)
+    allowed = torch.ones(16, 16, dtype=torch.bool).tril() if mask is None else mask[0, 0]
+    assert torch.all(weights[..., ~allowed] == 0)
+    assert torch.all(weights[..., allowed] > 0)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]), rtol=0, atol=1e-6)
+
+
+def test_weights_path_gives_what_attention_applies():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 7, 8) for _ in range(3))
+    mask = torch.rand(2, 1, 7, 7) < 0.5
+    mask |= torch.eye(7, dtype=torch.bool)  # no empty row
+    weights = attention_weights(q, k, mask)
+    torch.testing.assert_close(weights @ v, attention(q, k, v, mask), rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_attention_of_a_trained_run_is_drawn_per_head_and_averaged(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, model__attn_window=4, train__max_iters=2, train__eval_iters=1)).fit()
+    heads, average = tmp_path / "heads.png", tmp_path / "average.png"
+    plot.main(["attention", "--out-dir", str(run_dir), "--prompt", "ROMEO: hi", "--out", str(heads)])
+    plot.main(["attention", "--out-dir", str(run_dir), "--prompt", "ROMEO: hi", "--out", str(average), "--average"])
+    grid, single = matplotlib.image.imread(heads), matplotlib.image.imread(average)
+    assert grid.shape[0] > single.shape[0]  # 2 layers x 2 heads: two rows of heatmaps
+
+
+def test_a_picture_file_must_be_png_in_an_existing_folder(tmp_path):
+    with pytest.raises(UserError, match="must name a .png file"):
+        plot.main(["mask", "--out", str(tmp_path / "mask.jpg")])
+    with pytest.raises(UserError, match="does not exist"):
+        plot.main(["mask", "--out", str(tmp_path / "missing" / "mask.png")])
