@@ -226,7 +226,7 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
 
     def keep_input(layer: int):
         def hook(module, args):
-            inputs[layer] = args  # (x after ln_1, mask, cache)
+            inputs[layer] = args  # (x after ln_1, mask, cache, positions)
 
         return hook
 
@@ -235,7 +235,10 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
     prefix = torch.tensor([len(ids)]) if model.config.attn_prefix_lm else None
     with torch.no_grad():
         model(idx, prefix=prefix)
-        weights = [block.attn.weights(*inputs[i][:2])[0] for i, block in enumerate(model.transformer.h)]
+        weights = []
+        for i, block in enumerate(model.transformer.h):
+            x, mask, _, positions = inputs[i]
+            weights.append(block.attn.weights(x, mask, positions)[0])
     for handle in handles:
         handle.remove()
     return torch.stack(weights)
