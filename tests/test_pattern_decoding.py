@@ -123,3 +123,14 @@ def test_export_to_gpt2_refuses_any_attention_pattern(pattern, tmp_path):
     with pytest.raises(UserError, match=f"plain causal, but this model was trained with model.{next(iter(pattern))}="):
         export_gpt2(tiny_model(VOCAB, BLOCK, **pattern), GPT2Tokenizer(), tmp_path / "exported")
     assert not (tmp_path / "exported").exists()
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_patterns_stay_exact_with_rotary_positions_and_shared_key_heads(name):
+    """The rolling cache, the document table and the prefix hold rotated keys of fewer heads just as well."""
+    model = tiny_model(VOCAB, BLOCK, pos_emb="rope", n_kv_head=1, **PATTERNS[name])
+    idx = tokens(2, BLOCK)
+    prefix = torch.tensor([20, 20]) if name == "prefix-lm" else None
+    full, _ = model(idx, prefix=prefix)
+    cached = decode_with_cache(model, idx, 20, 4 if name == "block" else 1, prefix=prefix)
+    assert (cached - full).abs().max().item() < 1e-5
