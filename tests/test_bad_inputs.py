@@ -196,6 +196,8 @@ CATALOGUE = [
     Case("heads-do-not-divide-width", "train.py", [*TRAIN, "--model.n_embd=100", "--model.n_head=3"], "model.n_embd=100 is not divisible by n_head=3"),
     Case("zero-layers", "train.py", [*TRAIN, "--model.n_layer=0"], "model.n_layer=0 must be a positive integer"),
     Case("dropout-out-of-range", "train.py", [*TRAIN, "--model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
+    Case("contradictory-attention-patterns", "train.py", [*TRAIN, "--model.attn_prefix_lm", "--model.attn_block=4"], "model.attn_prefix_lm=true cannot be combined with attn_block=4"),
+    Case("documents-without-end-of-text", "train.py", [*TRAIN, "--model.attn_documents"], "model.attn_documents=true needs documents separated by an end-of-text token"),
     Case("negative-weight-decay", "train.py", [*TRAIN, "--optim.weight_decay", "-1"], "optim.weight_decay=-1.0 must be 0 or more"),
     Case("min-lr-above-peak", "train.py", [*TRAIN, "--optim.min_lr=0.1"], "optim.min_lr=0.1 must be between 0 and learning_rate"),
     Case("model-too-large-for-memory", "train.py", [*TRAIN, "--model.n_embd=1000000000", "--model.n_head=1"], "a model of 24,000,000,125,000,000,000 parameters (model.n_layer=2, n_embd=1000000000"),
