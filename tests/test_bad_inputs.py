@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import trainer.checkpoint as checkpoint_module
+import trainer.metrics as metrics_module
 from data.files import FileLock
 from model.hf_gpt2 import hf_config, state_dict_to_hf, write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
@@ -324,22 +325,54 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
     assert snapshot(workspace) == before
 
 
-def test_a_full_disk_while_saving_ends_in_one_line_and_keeps_the_previous_checkpoint(workspace, monkeypatch, capsys):
+def disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+class FullDiskFile:
+    """A file on a full disk: opening works, writing does not."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    write = staticmethod(disk_full)
+
+    def close(self) -> None:
+        pass
+
+
+def fill_disk_at_checkpoint(monkeypatch) -> None:
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+
+
+def fill_disk_at_metrics(monkeypatch) -> None:
+    monkeypatch.setattr(metrics_module, "open", FullDiskFile, raising=False)
+
+
+@pytest.mark.parametrize(
+    "fill_disk,message",
+    [
+        (
+            fill_disk_at_checkpoint,
+            "the checkpoint of step 11 could not be written to out/tiny (No space left on device)",
+        ),
+        (fill_disk_at_metrics, "could not add step 11 to out/tiny/metrics.jsonl (No space left on device)"),
+    ],
+    ids=["checkpoint", "metrics"],
+)
+def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_previous_checkpoint(
+    fill_disk, message, workspace, monkeypatch, capsys
+):
     checkpoint = workspace / "out" / "tiny" / "ckpt.pt"
     before = checkpoint.read_bytes()
-
-    def disk_full(state, f):
-        f.write(b"\0" * 1000)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(checkpoint_module.torch, "save", disk_full)
+    fill_disk(monkeypatch)
     code = run_entry_point("train.py", [*RESUME, "--train.max_iters=11"], monkeypatch)  # one step, then a save
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert errors == [err.strip().splitlines()[-1]], err
-    assert "the checkpoint of step 11 could not be written to out/tiny (No space left on device)" in errors[0]
+    assert message in errors[0]
     assert checkpoint.read_bytes() == before and not list(checkpoint.parent.glob("*.tmp"))
     monkeypatch.undo()
     assert load_checkpoint(checkpoint)["step"] == 10

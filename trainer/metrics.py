@@ -75,7 +75,7 @@ class Throughput:
 
 
 class MetricsLog:
-    """Appends records to run_dir/metrics.jsonl (flushed each line) and sends them to wandb."""
+    """Appends records to run_dir/metrics.jsonl (each line written at once) and sends them to wandb."""
 
     def __init__(
         self, run_dir: Path, wandb_cfg: WandbConfig, run_config: dict, resume_step: int | None, wandb_run_id: str | None
@@ -83,7 +83,9 @@ class MetricsLog:
         self.path = run_dir / METRICS_NAME
         if resume_step is not None and self.path.exists():
             self._drop_records_after(resume_step)
-        self.file = open(self.path, "a", encoding="utf-8")
+        # unbuffered: each record reaches the file in one write, and a failed write leaves nothing
+        # pending that closing the file would try (and fail) to write again
+        self.file = open(self.path, "ab", buffering=0)
         self.wandb_run = None
         self.wandb_run_id = wandb_run_id
         if wandb_cfg.enabled:
@@ -102,8 +104,14 @@ class MetricsLog:
 
     def log(self, record: dict) -> None:
         """Append record with the time it was written (seconds since 1970: plot.py's wall time)."""
-        self.file.write(json.dumps(record | {"time": round(time.time(), 3)}) + "\n")
-        self.file.flush()
+        line = json.dumps(record | {"time": round(time.time(), 3)}) + "\n"
+        try:
+            self.file.write(line.encode("utf-8"))
+        except OSError as e:  # a full disk: the run cannot record what it does
+            raise UserError(
+                f"could not add step {record['step']} to {self.path} ({e.strerror}); the run stops, its last "
+                f"checkpoint kept (free some space and resume)"
+            ) from None
         if self.wandb_run is not None:
             values = {key: value for key, value in record.items() if key != "step"}
             self.wandb_run.log(values, step=record["step"])
