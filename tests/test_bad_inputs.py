@@ -16,11 +16,15 @@ import torch
 
 import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
+import trainer.pretrained as pretrained_module
 from data.files import FileLock
+from data.tokenizer import GPT2Tokenizer
+from errors import run_cli
 from model.hf_gpt2 import hf_config, state_dict_to_hf, write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
+from trainer.pretrained import export_gpt2
 
 
 @dataclass
@@ -226,6 +230,7 @@ CATALOGUE = [
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
     Case("out-dir-inside-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml/run"], "train.out_dir='tiny.toml/run' is inside 'tiny.toml', which is a file"),
     Case("out-dir-name-too-long", "train.py", [*TRAIN, "--train.out_dir=out/" + "x" * 300], "holds a name of 300 bytes, longer than the"),
+    Case("sample-run-name-too-long", "sample.py", ["--out-dir", "x" * 300, "--prompt", "a"], "the name is too long for the file system: choose a shorter path"),
     Case("out-dir-read-only", "train.py", [*TRAIN, "--train.out_dir=locked/run"], "train.out_dir='locked/run' cannot be written: 'locked' is read-only for this user", read_only_folder("locked"), needs_permissions=True),
     Case("prepare-out-inside-a-file", "data/prepare.py", ["--dataset", "shakespeare_char", "--out", "tiny.toml/data"], "--out='tiny.toml/data' is inside 'tiny.toml', which is a file"),
     Case("export-inside-a-file", "sample.py", ["--out-dir", "out/tiny", "--export", "tiny.toml/gpt2"], "--export='tiny.toml/gpt2' is inside 'tiny.toml', which is a file"),
@@ -376,6 +381,19 @@ def test_a_full_disk_ends_the_run_in_one_line_and_keeps_the_previous_checkpoint(
     assert checkpoint.read_bytes() == before and not list(checkpoint.parent.glob("*.tmp"))
     monkeypatch.undo()
     assert load_checkpoint(checkpoint)["step"] == 10
+
+
+def test_a_full_disk_while_exporting_ends_in_one_line_and_leaves_no_partial_file(tmp_path, monkeypatch, capsys):
+    model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size)
+    monkeypatch.setattr(pretrained_module, "write_safetensors", disk_full)
+    with pytest.raises(SystemExit) as exit_info:
+        run_cli(lambda: export_gpt2(model, GPT2Tokenizer(), tmp_path / "exported"))
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2, err
+    assert err.strip().splitlines() == [
+        "error: the disk is full: free some space (or choose a folder on another disk) and run again"
+    ]
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
 
 
 def test_catalogue_is_documented_case_by_case():
