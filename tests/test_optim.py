@@ -29,24 +29,40 @@ def test_adamw_alone_is_the_default():
     assert [type(o) for o in optimizer.optimizers] == [torch.optim.AdamW]
 
 
-def test_muon_steps_the_block_matrices_and_adamw_every_other_parameter():
-    model = tiny_model()
-    optimizer = build_optimizer(model, OptimConfig(optimizer="muon"), CPU)
+def owners(optimizer) -> dict[int, str]:
+    """Which of Muon and AdamW holds each parameter (by id)."""
     muon, adamw = optimizer.optimizers
     assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
-    owner = {id(p): name for name, o in (("muon", muon), ("adamw", adamw)) for g in o.param_groups for p in g["params"]}
+    return {id(p): name for name, o in (("muon", muon), ("adamw", adamw)) for g in o.param_groups for p in g["params"]}
+
+
+MODERN = {"pos_emb": "rope", "norm": "rmsnorm", "qk_norm": True, "mlp": "swiglu", "n_kv_head": 1, "logit_softcap": 15.0}
+
+
+@pytest.mark.parametrize("architecture", [{}, MODERN], ids=["gpt2", "modern"])
+def test_muon_steps_the_block_matrices_and_adamw_every_other_parameter(architecture):
+    model = tiny_model(**architecture)
+    optimizer = build_optimizer(model, OptimConfig(optimizer="muon"), CPU)
+    muon, adamw = optimizer.optimizers
+    owner = owners(optimizer)
     names = dict(model.named_parameters())
     assert len(owner) == sum(len(g["params"]) for g in optimizer.param_groups) == len(names)  # each param once
     for name, param in names.items():
         meant = "muon" if name.startswith("transformer.h.") and param.dim() == 2 else "adamw"
         assert owner[id(param)] == meant, name
-    assert {owner[id(names["transformer.wte.weight"])], owner[id(names["transformer.wpe.weight"])]} == {"adamw"}
+    assert owner[id(names["transformer.wte.weight"])] == "adamw"
 
     before = one_step(model, optimizer)
     for name, param in names.items():
         assert not torch.equal(param, before[name]), f"{name} did not move"
         state = (muon if owner[id(param)] == "muon" else adamw).state[param]
         assert ("momentum_buffer" if owner[id(param)] == "muon" else "exp_avg") in state, name
+
+
+def test_an_untied_output_head_is_stepped_by_adamw():
+    model = tiny_model(tie_embeddings=False)
+    owner = owners(build_optimizer(model, OptimConfig(optimizer="muon"), CPU))
+    assert owner[id(model.lm_head.weight)] == owner[id(model.transformer.wte.weight)] == "adamw"
 
 
 def test_each_optimizer_follows_the_schedule_scaled_to_its_peak():
