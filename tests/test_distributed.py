@@ -50,15 +50,16 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     # AdamW's first step moves each weight by about lr * g / (|g| + eps): where |g| is within float32
     # rounding of zero, the sign of a 1e-9 difference decides the step. So every weight agrees within
     # 1e-6 except a few whose gradient is that small (and the gradients themselves agree, above).
-    # Muon orthogonalises in bfloat16, where a 1e-9 change of the gradient may flip a rounding, and
-    # its Newton-Schulz iteration multiplies the smallest singular directions by about 3.4 per
-    # iteration: its steps agree to a few percent, not to float32 precision.
+    # Muon's Newton-Schulz iteration multiplies the smallest singular directions by about 3.4 per
+    # iteration, so a 1e-9 change of the gradient grows: its steps agree to 1e-3 of their size,
+    # not to float32 precision. (FSDP shards the matrices by rows: this also shows each is
+    # orthogonalised whole, not shard by shard.)
     muon_params = set(trainer.optimizer.optimizers[0].param_groups[0]["params"]) if optimizer == "muon" else set()
     differing = 0
     for name, grad in gradients.items():
         if trainer.model.get_parameter(name) in muon_params:
             step = (weights[name] - before[name]).norm()
-            assert (distributed["model"][name] - weights[name]).norm() < 0.05 * step, name
+            assert (distributed["model"][name] - weights[name]).norm() < 1e-3 * step, name
             continue
         off = (distributed["model"][name] - weights[name]).abs() > 1e-6
         assert (grad[off].abs() < 1e-6).all(), name
