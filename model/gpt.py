@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .attention import BlockMask, CausalSelfAttention, flex_block_mask
 from .kv_cache import KVCache, RollingKVCache
-from .masks import Rule, dense_mask, document_ids, is_plain_causal, pattern_rule
+from .masks import Rule, dense_mask, document_ids, document_positions, is_plain_causal, pattern_rule
 
 PATTERN_LIMITS = {
     "attn_sinks": "sinks are the first positions of the context",
@@ -70,6 +70,7 @@ class GPTConfig:
     attn_prefix_lm: bool = False  # a prefix of each row attends both ways (random in training, the prompt in sampling)
     attn_block: int = 0  # block-causal: full attention inside blocks of attn_block positions, causal between; 0 = off
     attn_documents: bool = False  # a query sees only its own document; documents start at eot_token
+    attn_document_positions: bool = False  # with attn_documents: positions restart at 0 at each document's start
     eot_token: int = -1  # id of the end-of-text token that separates documents; -1 = the dataset tokenizer's
 
     def __post_init__(self):
@@ -120,6 +121,11 @@ class GPTConfig:
                     f"{first}={_toml(getattr(self, first))} cannot be combined with "
                     f"{second}={_toml(getattr(self, second))}: {reason} (switch one of them off)"
                 )
+        if self.attn_document_positions and not self.attn_documents:
+            raise ValueError(
+                "attn_document_positions=true restarts positions at each document, but attn_documents=false "
+                "marks no documents (set attn_documents=true as well, or attn_document_positions=false)"
+            )
         if self.eot_token < -1:
             raise ValueError(f"eot_token={self.eot_token} must be a token id, or -1 (the dataset tokenizer's)")
 
@@ -180,6 +186,8 @@ class GPT(nn.Module):
             # the output projection shares the token embedding's weights (GPT-2 ties them)
             self.lm_head.weight = self.transformer.wte.weight
         self.softcap = SoftCap(config.logit_softcap) if config.logit_softcap > 0 else nn.Identity()
+        # what the position embedding (or rotation) counts from: the row's start, or each document's
+        self.positions = DocumentPositions(config.eot_token) if config.attn_document_positions else RowPositions()
         self.apply(_init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -220,7 +228,8 @@ class GPT(nn.Module):
             cache.claim(T)  # raises past cache.max_len, which new_cache keeps within block_size
             slots = cache.slots(T)  # (T,)
         positions = slots[None] if pad is None else slots[None] - pad[:, None]  # (1 or B, T); negative: padding
-        mask = self.attention_mask(idx, positions, slots, cache, pad, prefix)
+        mask = self.attention_mask(idx, positions, slots, cache, pad, prefix)  # the pattern reads row positions
+        positions = self.positions(idx, positions, cache)  # (1 or B, T): what position embeddings see
         x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
         for block in self.transformer.h:
@@ -391,6 +400,33 @@ class SoftCap(nn.Module):
 
     def extra_repr(self) -> str:
         return f"cap={self.cap}"
+
+
+class RowPositions(nn.Module):
+    """A token's position is its place in the row (counted from the row's first real token): GPT-2."""
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        return positions
+
+
+class DocumentPositions(nn.Module):
+    """A token's position is its place in its document (attn_document_positions): 0 at the row's first
+    token and at each end-of-text token, which opens the document after it. A document then reads
+    the same, position embeddings included, wherever it is packed in a row."""
+
+    def __init__(self, eot_token: int):
+        super().__init__()
+        self.eot_token = eot_token
+
+    def forward(self, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """idx: (B, T) tokens at row positions (1 or B, T); with a cache, idx continues its tokens."""
+        positions = positions.expand_as(idx)  # (B, T)
+        if cache is None:
+            return document_positions(idx, self.eot_token, positions)[0]
+        return cache.document_positions(idx, self.eot_token, positions)
+
+    def extra_repr(self) -> str:
+        return f"eot_token={self.eot_token}"
 
 
 class NoPositionTable(nn.Module):

@@ -14,12 +14,13 @@ and replay it.
 A sliding-window model needs only the last W positions (and its S sinks): `RollingKVCache` keeps
 W + S slots and overwrites the oldest, so its memory is bounded by the window, not the sequence.
 Both caches record what attention patterns need of the cached keys: their positions and, for
-document masking, the document of each position.
+document masking, the document of each position (and, for positions that restart at each document,
+where the open document started).
 """
 
 import torch
 
-from .masks import UNWRITTEN, document_ids
+from .masks import UNWRITTEN, document_ids, document_positions
 
 
 class KVCache:
@@ -53,13 +54,14 @@ class KVCache:
         self.static = static
         self.pos = 0  # slots claimed so far, counted on the host: checking room never waits for the device
         self.next_slot = torch.zeros(1, dtype=torch.long, device=device)  # the same count, on the device
-        # document masking: the document of each position (last column: scratch for padding), and
-        # how many end-of-text tokens each row has had
+        # document masking: the document of each position (last column: scratch for padding), how
+        # many end-of-text tokens each row has had, and where its open document started
         self.doc_ids = torch.zeros(batch_size, max_len + 1, dtype=torch.long, device=device)
         self.eot_seen = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+        self.doc_start = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         # The buffers stay at fixed addresses and are updated in place, so compiled steps (CUDA graphs
         # included) may read and write them directly instead of copying them in and out.
-        for buffer in (*self.k, *self.v, self.next_slot, self.doc_ids, self.eot_seen):
+        for buffer in (*self.k, *self.v, self.next_slot, self.doc_ids, self.eot_seen, self.doc_start):
             torch._dynamo.mark_static_address(buffer)
 
     @torch.compiler.disable  # host-side bookkeeping: keeps the changing count out of compiled graphs
@@ -100,6 +102,13 @@ class KVCache:
         self.eot_seen.copy_(seen)
         return table
 
+    def document_positions(self, idx: torch.Tensor, eot_token: int, q_pos: torch.Tensor) -> torch.Tensor:
+        """The new tokens' positions in their documents (B, T), counting on from the document left
+        open by the tokens before them (see masks.document_positions). Once per forward pass."""
+        positions, start = document_positions(idx, eot_token, q_pos, self.doc_start)
+        self.doc_start.copy_(start)
+        return positions
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) keys and values into the current call's slots; return the layer's
         keys and values over kv_len slots, (B, H, kv_len, D) (when static, the caller masks the
@@ -124,6 +133,7 @@ class KVCache:
         self.next_slot.zero_()
         self.doc_ids.zero_()
         self.eot_seen.zero_()
+        self.doc_start.zero_()
 
 
 class RollingKVCache(KVCache):

@@ -20,6 +20,10 @@ The patterns (config keys of GPTConfig):
 - block-causal (attn_block): positions are cut into blocks of K; full attention inside a block,
   causal between blocks.
 - documents (attn_documents): a query sees only earlier keys of its own document.
+
+Documents also give positions (attn_document_positions): `document_positions` counts each token's
+position from the start of its document instead of the row's. That changes what the position
+embedding or rotation sees, never the mask: the rules above always read row positions.
 """
 
 from collections.abc import Callable
@@ -161,3 +165,20 @@ def document_ids(
     scratch = table.size(1) - 1
     table.scatter_(1, torch.where(positions >= 0, positions, scratch), ids)
     return table, ids[:, -1:]
+
+
+def document_positions(
+    idx: torch.Tensor, eot_token: int, positions: torch.Tensor, start: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's position in its own document: its row position minus that of its document's
+    first token, which is the row's first token or an end-of-text token (it opens the document
+    after it, as in `document_ids`, so it takes position 0 there).
+
+    idx: (B, T) tokens; positions: (B, T) their row positions (negative: left padding, which stays
+    negative). start: (B, 1) the row position where the document open before idx began (None: 0).
+    Returns the positions (B, T) and the start of the document open at the end of idx (B, 1).
+    """
+    is_eot = (idx == eot_token) & (positions >= 0)
+    starts = torch.where(is_eot, positions, 0 if start is None else start)  # (B, T)
+    starts = starts.cummax(dim=1).values  # row positions grow along the row: the latest start so far
+    return positions - starts, starts[:, -1:]

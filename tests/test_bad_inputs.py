@@ -203,6 +203,7 @@ CATALOGUE = [
     Case("dropout-out-of-range", "train.py", [*TRAIN, "--model.dropout=1.5"], "model.dropout=1.5 must be in [0, 1)"),
     Case("contradictory-attention-patterns", "train.py", [*TRAIN, "--model.attn_prefix_lm", "--model.attn_block=4"], "model.attn_prefix_lm=true cannot be combined with attn_block=4"),
     Case("documents-without-end-of-text", "train.py", [*TRAIN, "--model.attn_documents"], "model.attn_documents=true needs documents separated by an end-of-text token"),
+    Case("document-positions-without-documents", "train.py", [*TRAIN, "--model.attn_document_positions"], "model.attn_document_positions=true restarts positions at each document, but attn_documents=false marks no documents (set attn_documents=true as well"),
     Case("negative-weight-decay", "train.py", [*TRAIN, "--optim.weight_decay", "-1"], "optim.weight_decay=-1.0 must be 0 or more"),
     Case("min-lr-above-peak", "train.py", [*TRAIN, "--optim.min_lr=0.1"], "optim.min_lr=0.1 must be between 0 and learning_rate"),
     Case("model-too-large-for-memory", "train.py", [*TRAIN, "--model.n_embd=1000000000", "--model.n_head=1"], "a model of 24,000,000,125,000,000,000 parameters (model.n_layer=2, n_embd=1000000000"),

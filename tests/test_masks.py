@@ -23,6 +23,8 @@ PATTERNS = {
     "block": {"attn_block": 4},
     "documents": {"attn_documents": True, "eot_token": EOT},
     "documents+window": {"attn_documents": True, "eot_token": EOT, "attn_window": 4},
+    # the mask of documents; positions restart at each document, which the cache must follow too
+    "documents+positions": {"attn_documents": True, "eot_token": EOT, "attn_document_positions": True},
 }
 
 
@@ -132,7 +134,7 @@ def test_tokens_after_what_a_position_may_see_change_nothing_there(name, t):
         assert torch.all(grad[:, edge] > 0)
 
 
-@pytest.mark.parametrize("name", ["documents", "documents+window"])
+@pytest.mark.parametrize("name", ["documents", "documents+window", "documents+positions"])
 def test_nothing_crosses_a_document_boundary(name):
     T = 16
     model = tiny_model(VOCAB, block_size=T, **PATTERNS[name])

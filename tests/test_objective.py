@@ -73,8 +73,9 @@ def read_metrics(run_dir):
         {"model__attn_prefix_lm": True},
         {"model__attn_block": 4},
         {"model__attn_documents": True, "data__dataset": "shakespeare"},
+        {"model__attn_documents": True, "model__attn_document_positions": True, "data__dataset": "shakespeare"},
     ],
-    ids=["window", "window+sinks", "prefix-lm", "block", "documents"],
+    ids=["window", "window+sinks", "prefix-lm", "block", "documents", "documents+positions"],
 )
 def test_a_short_run_with_each_pattern_lowers_the_loss(overrides, tmp_path, data_dir, bpe_data_dir):
     run_dir = tmp_path / "run"

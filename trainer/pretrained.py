@@ -20,7 +20,14 @@ WEIGHTS_NAME = "model.safetensors"
 # the attention pattern keys and their plain causal values
 PATTERN_DEFAULTS = {
     name: getattr(GPTConfig(), name)
-    for name in ("attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents")
+    for name in (
+        "attn_window",
+        "attn_sinks",
+        "attn_prefix_lm",
+        "attn_block",
+        "attn_documents",
+        "attn_document_positions",
+    )
 }
 
 
