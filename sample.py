@@ -23,8 +23,9 @@ BPE models) or just before the first --stop string.
 A model trained with an attention pattern samples with it (README, "Attention patterns"): a
 prefix-LM model reads the prompt as its prefix, in both directions; a sliding-window model keeps a
 rolling cache of its window; a block-causal model draws each block from the complete block before
-it, so its prompt needs at least model.attn_block tokens, and --compile does not apply to it.
---export refuses a model with any pattern.
+it, so its prompt needs at least model.attn_block tokens, and --compile does not apply to it; a
+document-masked model reads the prompt's last document only, from its last <|endoftext|>, which
+with model.attn_document_positions is position 0. --export refuses a model with any pattern.
 """
 
 import argparse

@@ -3,7 +3,7 @@ the model built with each pattern sees exactly what the pattern promises."""
 
 import pytest
 import torch
-from torch.nn.attention.flex_attention import create_mask
+from torch.nn.attention.flex_attention import BlockMask, create_mask, flex_attention
 
 from errors import ConfigError
 from model import GPTConfig
@@ -238,17 +238,69 @@ def test_rule_read_as_a_flex_attention_mask_mod_gives_the_dense_mask(name):
     assert torch.equal(flex_mask, dense_mask(rule, positions, positions))
 
 
+def flex_case(name: str, device: str) -> tuple[BlockMask, torch.Tensor, list[torch.Tensor]]:
+    """A pattern's FlexAttention BlockMask and SDPA mask over three 128-position blocks (the last one
+    partial), as the model builds them, and random queries, keys and values (B, H, T, D)."""
+    B, H, T, D = 2, 2, 300, 16
+    rule, positions = pattern_inputs(name, B, T, device)
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, D, generator=generator).to(device) for _ in range(3))
+    return flex_block_mask(rule, B, T, torch.device(device)), dense_mask(rule, positions, positions), [q, k, v]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", PATTERNS)
 def test_flex_attention_matches_sdpa_with_the_dense_mask(name):
-    B, H, T, D = 2, 2, 300, 16  # three 128-position blocks, the last one partial
-    rule, positions = pattern_inputs(name, B, T, device="cuda")
-    q, k, v = (torch.randn(B, H, T, D, device="cuda") for _ in range(3))
+    block_mask, mask, qkv = flex_case(name, "cuda")
     results = []
-    for mask in (flex_block_mask(rule, B, T, torch.device("cuda")), dense_mask(rule, positions, positions)):
-        inputs = [tensor.clone().requires_grad_() for tensor in (q, k, v)]
-        output = attention(*inputs, mask=mask)
+    for each in (block_mask, mask):
+        inputs = [tensor.clone().requires_grad_() for tensor in qkv]
+        output = attention(*inputs, mask=each)
         output.square().sum().backward()
         results.append([output, *(tensor.grad for tensor in inputs)])
     for flex, sdpa in zip(*results, strict=True):
         torch.testing.assert_close(flex, sdpa, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")  # meant: the reference path
+@pytest.mark.parametrize("name", PATTERNS)
+def test_flex_attention_forward_on_a_cpu_matches_sdpa_with_the_dense_mask(name):
+    """The forward pass only (FlexAttention has no backward on a CPU), uncompiled: fast, but it
+    evaluates the mask_mod on every score and never reads the BlockMask's block tables, which the
+    next tests check."""
+    block_mask, mask, qkv = flex_case(name, "cpu")
+    torch.testing.assert_close(flex_attention(*qkv, block_mask=block_mask), attention(*qkv, mask=mask))
+
+
+def blocks_as_scores(block_mask: BlockMask, num_blocks: torch.Tensor | None, indices: torch.Tensor | None):
+    """(B, 1, Tq, Tk) boolean: the scores inside the blocks that num_blocks and indices list per
+    row of query blocks (BlockMask's layout); none when num_blocks is None."""
+    Tq, Tk = block_mask.seq_lengths
+    if num_blocks is None:
+        return torch.zeros(block_mask.kv_num_blocks.size(0), 1, Tq, Tk, dtype=torch.bool)
+    rows, cols = block_mask.BLOCK_SIZE
+    listed = BlockMask.from_kv_blocks(num_blocks, indices, BLOCK_SIZE=block_mask.BLOCK_SIZE).to_dense().bool()
+    return listed.repeat_interleave(rows, dim=2).repeat_interleave(cols, dim=3)[:, :, :Tq, :Tk]
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_flex_block_mask_skips_only_blocks_the_rule_blocks_entirely(name):
+    """What the block-sparse kernels compute from a BlockMask: every score of a full block (the
+    mask_mod is not evaluated there), the mask_mod's scores of a partial block, nothing elsewhere.
+    That must be the dense mask: a block wrongly full would leak blocked keys, a block left out
+    would drop allowed ones."""
+    block_mask, mask, _ = flex_case(name, "cpu")
+    partial = blocks_as_scores(block_mask, block_mask.kv_num_blocks, block_mask.kv_indices)
+    full = blocks_as_scores(block_mask, block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    B, _, Tq, Tk = mask.shape
+    assert not (partial & full).any()
+    assert torch.equal(full | (partial & create_mask(block_mask.mask_mod, B, 1, Tq, Tk, device="cpu")), mask)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["causal", "documents+window"])  # full blocks; blocks that differ by row
+def test_compiled_flex_attention_on_a_cpu_matches_sdpa_with_the_dense_mask(name):
+    """The model's compiled FlexAttention, which skips blocks by the block tables (CPU kernels: the
+    closest a machine without a GPU comes to the CUDA path); compiling takes seconds per pattern."""
+    block_mask, mask, qkv = flex_case(name, "cpu")
+    torch.testing.assert_close(attention(*qkv, mask=block_mask), attention(*qkv, mask=mask))
