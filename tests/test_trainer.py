@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import math
 
@@ -87,6 +88,16 @@ def test_flops_per_token_counts_weights_and_attention():
     cfg = model.config
     n = model.num_params()
     assert flops_per_token(cfg, n) == 6 * n + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
+
+
+def test_flops_per_token_counts_only_the_keys_a_sliding_window_shows():
+    cfg = tiny_model(block_size=32).config
+    n = 1000
+    causal = flops_per_token(cfg, n)
+    windowed = flops_per_token(dataclasses.replace(cfg, attn_window=8, attn_sinks=2), n)
+    assert causal - windowed == 12 * cfg.n_layer * (32 - 10) * cfg.n_embd
+    documents = dataclasses.replace(cfg, attn_documents=True, eot_token=0)
+    assert flops_per_token(documents, n) == causal  # their saving depends on the data: counted as causal
 
 
 def test_training_lowers_the_loss_and_records_the_run(tmp_path, data_dir):

@@ -47,9 +47,17 @@ def peak_flops(device_name: str) -> float | None:
 
 def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
     """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's score and
-    value products, 12 * n_layer * block_size * n_embd (PaLM paper, appendix B). n_params should
-    leave out the position embedding, which does no multiply."""
-    return 6 * n_params + 12 * model_cfg.n_layer * model_cfg.block_size * model_cfg.n_embd
+    value products, 12 * n_layer * n_embd per key a query is counted against (PaLM paper, appendix
+    B). n_params should leave out the position embedding, which does no multiply.
+
+    A query is counted against block_size keys, as PaLM and nanoGPT count causal attention (the
+    masked half included), or against the attn_window + attn_sinks keys that are all a sliding
+    window ever shows it. Other patterns count as causal attention: prefix-LM and block-causal
+    attend about as much, and what document masking saves depends on the documents' lengths."""
+    keys = model_cfg.block_size
+    if model_cfg.attn_window:
+        keys = min(keys, model_cfg.attn_window + model_cfg.attn_sinks)
+    return 6 * n_params + 12 * model_cfg.n_layer * keys * model_cfg.n_embd
 
 
 class Throughput:
