@@ -9,9 +9,11 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from errors import ConfigError, UserError
 from model import generate, left_pad
+from model.kv_cache import RollingKVCache
 from model.masks import document_positions
 from tests.conftest import tiny_model
 from tests.test_masks import EOT, PATTERNS
+from tests.test_pattern_decoding import decode_with_cache, tokens
 from trainer.config import load_config
 from trainer.pretrained import export_gpt2
 
@@ -48,6 +50,15 @@ def test_a_document_packed_after_others_gives_the_logits_it_has_alone(pos_emb, w
         model = tiny_model(VOCAB, BLOCK, attn_window=window, **PATTERNS["documents"])
         packed, _ = model(torch.cat([before[1], document])[None])
         assert (packed[0, len(before[1]) :] - model(document[None])[0][0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("pos_emb", ["learned", "rope"])
+def test_a_rolling_window_cache_follows_the_restarts_after_it_wraps(pos_emb):
+    model = tiny_model(VOCAB, BLOCK, pos_emb=pos_emb, attn_window=4, **RESTARTING)
+    idx = tokens(2, BLOCK)  # end-of-text tokens in the prompt and after it
+    assert isinstance(model.new_cache(2), RollingKVCache)
+    full, _ = model(idx)
+    torch.testing.assert_close(decode_with_cache(model, idx, prompt_len=8), full, rtol=0, atol=1e-5)
 
 
 def sample(model, prompts: list[list[int]], use_cache: bool) -> list[list[int]]:
