@@ -1,0 +1,136 @@
+"""What each modern switch buys at the quickstart's budget: GPT-2's recipe, then each change added
+to it alone, then the full quickstart recipe; val loss and wall time over several seeds.
+
+    python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 1339 --jobs 2
+    python plot.py loss out/ablation/*-seed1337 --out docs/ablation.png
+
+Every run is `train.py` from start to exit, one torch thread each (--jobs runs at a time: on a
+2-core machine, 2 jobs keep both cores busy without the runs fighting over threads). The base is
+configs/shakespeare_char_gpt2.toml, each variant that config with the overrides listed in VARIANTS,
+and "quickstart" is configs/shakespeare_char.toml itself. Finished runs are recorded in
+out-dir/results.jsonl and skipped when the command is run again, so an interrupted ablation goes on
+where it stopped. The table gives, per variant, the mean final val loss over the seeds, its spread
+(max - min), the difference from the base's mean, and the mean wall time with its ratio to the base's.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from errors import UserError, run_cli  # noqa: E402
+from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
+
+BASE = "configs/shakespeare_char_gpt2.toml"
+QUICKSTART = "configs/shakespeare_char.toml"
+VARIANTS = {  # name: (config, overrides)
+    "gpt2": (BASE, []),
+    "rope": (BASE, ["--model.pos_emb=rope"]),
+    "rmsnorm": (BASE, ["--model.norm=rmsnorm"]),
+    "qk_norm": (BASE, ["--model.qk_norm=true"]),
+    "relu2": (BASE, ["--model.mlp=relu2"]),
+    "swiglu": (BASE, ["--model.mlp=swiglu"]),
+    "gqa (n_kv_head=1)": (BASE, ["--model.n_kv_head=1"]),
+    "untied head": (BASE, ["--model.tie_embeddings=false"]),
+    "logit_softcap=15": (BASE, ["--model.logit_softcap=15"]),
+    "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
+    "muon": (BASE, ["--optim.optimizer=muon"]),
+    "quickstart (all)": (QUICKSTART, []),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out-dir", required=True, help="folder for the runs and results.jsonl")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed values (default: 1337)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default: 2)")
+    parser.add_argument("--only", nargs="+", choices=VARIANTS, metavar="VARIANT", help="run these variants only")
+    args = parser.parse_args()
+    if args.jobs < 1:
+        raise UserError(f"--jobs={args.jobs} must be 1 or more")
+    return args
+
+
+def run_name(variant: str, seed: int) -> str:
+    slug = "".join(c if c.isalnum() else "-" for c in variant.split(" (")[0]).strip("-")
+    return f"{slug}-seed{seed}"
+
+
+def final_val_loss(run_dir: Path) -> float:
+    evaluations = [json.loads(line) for line, _ in read_records(run_dir / METRICS_NAME)]
+    return [r for r in evaluations if "val_loss" in r][-1]["val_loss"]
+
+
+def train(out_dir: Path, variant: str, seed: int) -> dict:
+    config, overrides = VARIANTS[variant]
+    run_dir = out_dir / run_name(variant, seed)
+    command = [sys.executable, "train.py", "--config", config, *overrides]
+    command += [f"--train.seed={seed}", f"--train.out_dir={run_dir}", "--train.threads=1"]
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        raise UserError(f"{' '.join(command)} failed:\n{result.stderr.strip().splitlines()[-1]}")
+    return {"variant": variant, "seed": seed, "val_loss": final_val_loss(run_dir), "wall_s": round(wall, 1)}
+
+
+def table(results: list[dict]) -> list[str]:
+    by_variant = {v: [r for r in results if r["variant"] == v] for v in VARIANTS}
+    by_variant = {v: rs for v, rs in by_variant.items() if rs}
+    base = by_variant.get("gpt2")
+    base_loss = statistics.mean(r["val_loss"] for r in base) if base else None
+    base_wall = statistics.mean(r["wall_s"] for r in base) if base else None
+    lines = [
+        "| variant | seeds | val loss (mean) | spread (max - min) | vs gpt2 | wall time (mean) | vs gpt2 |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for variant, runs in by_variant.items():
+        losses = [r["val_loss"] for r in runs]
+        loss, wall = statistics.mean(losses), statistics.mean(r["wall_s"] for r in runs)
+        vs_loss = f"{loss - base_loss:+.4f}" if base_loss is not None else "-"
+        vs_wall = f"{wall / base_wall:.2f}x" if base_wall else "-"
+        lines.append(
+            f"| {variant} | {len(runs)} | {loss:.4f} | {max(losses) - min(losses):.4f} | {vs_loss} "
+            f"| {wall:.0f} s | {vs_wall} |"
+        )
+    return lines
+
+
+def main() -> None:
+    args = parse_args()
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results_path = out_dir / "results.jsonl"
+    done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+    finished = {(r["variant"], r["seed"]) for r in done}
+    todo = [(v, s) for s in args.seeds for v in (args.only or VARIANTS) if (v, s) not in finished]
+    for variant, seed in todo:
+        if (out_dir / run_name(variant, seed)).exists():
+            raise UserError(
+                f"{out_dir / run_name(variant, seed)} exists but holds no finished run of this ablation: "
+                "delete it to run it again"
+            )
+    print(f"{len(todo)} runs to go, {args.jobs} at a time", file=sys.stderr)
+
+    def one(job: tuple[str, int]) -> None:
+        result = train(out_dir, *job)
+        with results_path.open("a") as f:  # each line written whole: a crash loses only runs in progress
+            f.write(json.dumps(result) + "\n")
+        summary = f"val {result['val_loss']:.4f}, {result['wall_s']} s"
+        print(f"{result['variant']} seed {result['seed']}: {summary}", file=sys.stderr)
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, todo))
+    results = [json.loads(line) for line in results_path.read_text().splitlines()]
+    print("\n".join(table([r for r in results if r["seed"] in args.seeds])))
+
+
+if __name__ == "__main__":
+    run_cli(main)
