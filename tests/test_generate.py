@@ -87,9 +87,9 @@ def test_a_prompt_row_without_tokens_is_rejected():
 
 
 @pytest.mark.slow
-def test_compiled_one_token_step_gives_the_eager_tokens_without_recompiling(monkeypatch):
+@torch._dynamo.config.patch(error_on_recompile=True)  # restored afterwards (monkeypatch's undo hides the key)
+def test_compiled_one_token_step_gives_the_eager_tokens_without_recompiling():
     torch._dynamo.reset()
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
     model = tiny_model(VOCAB, BLOCK)
     eager = run(model, PROMPTS, 2 * BLOCK, temperature=0)
     compiled = run(model, PROMPTS, 2 * BLOCK, temperature=0, compile=True)
