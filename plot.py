@@ -226,7 +226,7 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
 
     def keep_input(layer: int):
         def hook(module, args):
-            inputs[layer] = args  # (x after ln_1, mask, cache, positions)
+            inputs[layer] = args  # (x after ln_1, mask, cache, rotate)
 
         return hook
 
@@ -237,8 +237,8 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
         model(idx, prefix=prefix)
         weights = []
         for i, block in enumerate(model.transformer.h):
-            x, mask, _, positions = inputs[i]
-            weights.append(block.attn.weights(x, mask, positions)[0])
+            x, mask, _, rotate = inputs[i]
+            weights.append(block.attn.weights(x, mask, rotate)[0])
     for handle in handles:
         handle.remove()
     return torch.stack(weights)

@@ -7,9 +7,11 @@ allowed keys. The work is done by `torch.nn.functional.scaled_dot_product_attent
 picks a fused kernel; `attention_weights` spells the same computation out and returns the weights.
 
 Options, each chosen when the layer is built: grouped-query attention (fewer key/value heads than
-query heads, each shared by a group of queries: the KV cache shrinks by that factor), QK-norm
-(queries and keys RMS-normalised per head before their dot product) and rotary position embeddings
-(RoPE: queries and keys rotated by their position, so their dot product depends on the distance).
+query heads, each shared by a group of queries: the KV cache shrinks by that factor) and QK-norm
+(queries and keys RMS-normalised per head before their dot product). With rotary position
+embeddings (RoPE: queries and keys rotated by their position, so their dot product depends on the
+distance) the model computes the rotation once per forward pass (`Rotary`) and hands it to every
+layer; without, it hands them `no_rotation`.
 
 On CUDA, a pattern's mask can instead be a FlexAttention `BlockMask` built from the same rule
 (`flex_block_mask`): `flex_attention` then skips the blocks of 128 x 128 scores that the rule blocks
@@ -19,6 +21,7 @@ FlexAttention has no backward pass on a CPU, and no dropout, so those cases use 
 
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -103,8 +106,7 @@ class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj).
 
     n_kv_head: key/value heads (0 = n_head; 1 = multi-query). qk_norm: RMS-normalise each head's
-    queries and keys. rope_base: rotate queries and keys by position with this base (RoPE); 0 = no
-    rotation (the model adds learned position embeddings instead)."""
+    queries and keys."""
 
     def __init__(
         self,
@@ -115,7 +117,6 @@ class CausalSelfAttention(nn.Module):
         layer_idx: int,
         n_kv_head: int = 0,
         qk_norm: bool = False,
-        rope_base: float = 0.0,
     ):
         super().__init__()
         self.n_head = n_head
@@ -126,7 +127,6 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
         self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
         self.k_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
-        self.rotate = Rotary(rope_base) if rope_base else NoRotation()
         self.resid_dropout = nn.Dropout(dropout)
         self.dropout = dropout
         self.layer_idx = layer_idx  # which slot of a KV cache this layer writes
@@ -136,13 +136,14 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache=None,
-        positions: torch.Tensor | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
         cache, the new keys and values go into its slots and the queries attend over all of them.
-        positions: (1 or B, T) each token's position (negative: padding); None is 0 .. T - 1."""
+        rotate: turns (B, heads, T, D) queries or keys by their tokens' positions (`Rotary`'s
+        output); None leaves them as they are."""
         B, T, C = x.shape
-        q, k, v = self.heads(x, positions)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
+        q, k, v = self.heads(x, rotate)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, kv_len, D)
         y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
@@ -150,58 +151,75 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def heads(
-        self, x: torch.Tensor, positions: torch.Tensor | None = None
+        self, x: torch.Tensor, rotate: Callable[[torch.Tensor], torch.Tensor] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised and
-        rotated as the layer was built to. positions: as for forward."""
+        """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised as the
+        layer was built to, queries and keys then rotated. rotate: as for forward."""
         B, T, C = x.shape
-        if positions is None:
-            positions = torch.arange(T, device=x.device)[None]  # (1, T)
+        rotate = rotate or no_rotation
         H, Hkv = self.n_head, self.n_kv_head
         D = C // H
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
         q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-        q = self.rotate(self.q_norm(q), positions)
-        k = self.rotate(self.k_norm(k), positions)
+        q = rotate(self.q_norm(q))
+        k = rotate(self.k_norm(k))
         return q, k, v
 
     def weights(
-        self, x: torch.Tensor, mask: torch.Tensor | None = None, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T).
-        positions: as for forward."""
-        q, k, _ = self.heads(x, positions)
+        rotate: as for forward."""
+        q, k, _ = self.heads(x, rotate)
         return attention_weights(q, k, mask)
 
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al., RoFormer, 2021): the features of a head pair up, i with
     i + D/2, and each pair turns by the angle position * base^(-2i/D). The dot product of a rotated
-    query and key then depends on their positions only through their distance. The angles are
-    computed in float32 at each call: a table cast to bfloat16 with the model would be off by whole
-    turns at far positions."""
+    query and key then depends on their positions only through their distance.
 
-    def __init__(self, base: float):
+    Called with the tokens' positions, it returns the rotation for them, which every layer then
+    applies to its queries and keys: the angles' cosines and sines are computed once per forward
+    pass, in float32 (a table cast to bfloat16 with the model would be off by whole turns at far
+    positions)."""
+
+    def __init__(self, base: float, head_dim: int):
         super().__init__()
         self.base = base
+        self.head_dim = head_dim
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x: (B, H, T, D); positions: (1 or B, T), padding (negative) taken as 0."""
-        D = x.size(-1)
-        inv_freq = self.base ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)  # (D/2,)
+    def forward(self, positions: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        """positions: (1 or B, T), padding (negative) taken as 0. Returns the function that turns
+        (1 or B, heads, T, head_dim) queries or keys at those positions."""
+        D = self.head_dim
+        inv_freq = self.base ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)  # (D/2,)
         angles = positions.clamp(min=0)[:, None, :, None].float() * inv_freq  # (1 or B, 1, T, D/2)
-        cos, sin = angles.cos(), angles.sin()
-        x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+        return functools.partial(rotate_pairs, cos=angles.cos(), sin=angles.sin())
 
     def extra_repr(self) -> str:
-        return f"base={self.base}"
+        return f"base={self.base}, head_dim={self.head_dim}"
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, T, D) with feature i paired with i + D/2, each pair turned by the angle whose
+    cosine and sine (1 or B, 1, T, D/2) are given; computed in float32, returned in x's dtype."""
+    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
 class NoRotation(nn.Module):
-    """Leaves queries and keys as they are: positions enter through the learned embedding instead."""
+    """Stands in for Rotary when positions enter through the learned embedding instead: the
+    rotation it returns leaves queries and keys as they are."""
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return x
+    def forward(self, positions: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        return no_rotation
+
+
+def no_rotation(x: torch.Tensor) -> torch.Tensor:
+    return x

@@ -15,13 +15,14 @@ differs.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import BlockMask, CausalSelfAttention, flex_block_mask
+from .attention import BlockMask, CausalSelfAttention, NoRotation, Rotary, flex_block_mask
 from .kv_cache import KVCache, RollingKVCache
 from .masks import Rule, dense_mask, document_ids, document_positions, is_plain_causal, pattern_rule
 
@@ -188,6 +189,8 @@ class GPT(nn.Module):
         self.softcap = SoftCap(config.logit_softcap) if config.logit_softcap > 0 else nn.Identity()
         # what the position embedding (or rotation) counts from: the row's start, or each document's
         self.positions = DocumentPositions(config.eot_token) if config.attn_document_positions else RowPositions()
+        # RoPE: each layer turns its queries and keys by the tokens' positions; learned: no turn
+        self.rotary = Rotary(config.rope_base, config.head_dim) if config.pos_emb == "rope" else NoRotation()
         self.apply(_init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -232,8 +235,9 @@ class GPT(nn.Module):
         positions = self.positions(idx, positions, cache)  # (1 or B, T): what position embeddings see
         x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
+        rotate = self.rotary(positions)  # the same turn for every layer's queries and keys
         for block in self.transformer.h:
-            x = block(x, mask, cache, positions)
+            x = block(x, mask, cache, rotate)
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.advance(T)
@@ -328,7 +332,6 @@ class Block(nn.Module):
             layer_idx,
             n_kv_head=config.n_kv_head,
             qk_norm=config.qk_norm,
-            rope_base=config.rope_base if config.pos_emb == "rope" else 0.0,
         )
         self.ln_2 = norm_layer(config)
         self.mlp = MLPS[config.mlp](config)
@@ -338,9 +341,9 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        positions: torch.Tensor | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, positions)
+        x = x + self.attn(self.ln_1(x), mask, cache, rotate)
         x = x + self.mlp(self.ln_2(x))
         return x
 

@@ -19,7 +19,7 @@ MODERN = {"pos_emb": "rope", "n_kv_head": 1, "qk_norm": True, "norm": "rmsnorm",
 
 def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 1, 2, 4)  # (B, H, T, D): one head, positions 0 and 1
-    rotated = Rotary(base=100.0)(x, torch.tensor([[0, 1]]))
+    rotated = Rotary(base=100.0, head_dim=4)(torch.tensor([[0, 1]]))(x)
     assert torch.equal(rotated[0, 0, 0], x[0, 0, 0])  # position 0: no turn
     # D = 4: pairs (x0, x2) and (x1, x3) turn by 1 * 100^0 = 1 and 1 * 100^(-2/4) = 0.1 radians
     c1, s1, c2, s2 = math.cos(1.0), math.sin(1.0), math.cos(0.1), math.sin(0.1)
@@ -28,13 +28,13 @@ def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
 
 
 def test_rope_scores_depend_only_on_the_distance_between_query_and_key():
-    rotary = Rotary(base=10000.0)
+    rotary = Rotary(base=10000.0, head_dim=8)
     generator = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 1, 1, 8, generator=generator)
-    near = (rotary(q, torch.tensor([[7]])) * rotary(k, torch.tensor([[4]]))).sum()
-    far = (rotary(q, torch.tensor([[20]])) * rotary(k, torch.tensor([[17]]))).sum()
+    near = (rotary(torch.tensor([[7]]))(q) * rotary(torch.tensor([[4]]))(k)).sum()
+    far = (rotary(torch.tensor([[20]]))(q) * rotary(torch.tensor([[17]]))(k)).sum()
     torch.testing.assert_close(near, far)
-    assert not torch.allclose(near, (rotary(q, torch.tensor([[7]])) * rotary(k, torch.tensor([[5]]))).sum())
+    assert not torch.allclose(near, (rotary(torch.tensor([[7]]))(q) * rotary(torch.tensor([[5]]))(k)).sum())
 
 
 def test_rope_positions_continue_across_cache_calls():
