@@ -200,17 +200,22 @@ class Rotary(nn.Module):
         D = self.head_dim
         inv_freq = self.base ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)  # (D/2,)
         angles = positions.clamp(min=0)[:, None, :, None].float() * inv_freq  # (1 or B, 1, T, D/2)
-        return functools.partial(rotate_pairs, cos=angles.cos(), sin=angles.sin())
+        cos, sin = angles.cos(), angles.sin()
+        # each pair (a, b) = (x_i, x_i+D/2) turns to (a cos - b sin, b cos + a sin): x * cos, plus x
+        # with its halves swapped times sin with the first half's sign flipped
+        return functools.partial(rotate_pairs, cos=torch.cat([cos, cos], dim=-1), sin=torch.cat([-sin, sin], dim=-1))
 
     def extra_repr(self) -> str:
         return f"base={self.base}, head_dim={self.head_dim}"
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, D) with feature i paired with i + D/2, each pair turned by the angle whose
-    cosine and sine (1 or B, 1, T, D/2) are given; computed in float32, returned in x's dtype."""
-    x1, x2 = x.float().chunk(2, dim=-1)  # (B, H, T, D/2) each
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+    """x (B, H, T, D) with feature i paired with i + D/2, each pair turned by its angle: cos holds the
+    angles' cosines twice over, (1 or B, 1, T, D), and sin their sines, negated in the first half.
+    Computed in float32, returned in x's dtype."""
+    x32 = x.float()
+    x1, x2 = x32.chunk(2, dim=-1)  # (B, H, T, D/2) each
+    return (x32 * cos + torch.cat([x2, x1], dim=-1) * sin).type_as(x)
 
 
 class NoRotation(nn.Module):
