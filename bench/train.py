@@ -101,21 +101,28 @@ def print_run_time(
     train: TrainConfig, startup: float, step_seconds: float, evaluation_seconds: float, checkpoint_seconds: float
 ) -> None:
     """A whole run of train.max_iters steps, from the parts' measured times."""
-    # as Trainer.fit does: the baseline at step 0, then every eval_interval steps and at the last step,
-    # each of these followed by a checkpoint
-    checkpoints = train.max_iters // train.eval_interval + (train.max_iters % train.eval_interval != 0)
-    parts = [
-        ("start-up (imports, data, model; to the first step)", 1, startup),
-        ("optimizer steps", train.max_iters, step_seconds),
-        (f"evaluations ({train.eval_iters} batches per split)", checkpoints + 1, evaluation_seconds),
-        ("checkpoints", checkpoints, checkpoint_seconds),
-    ]
+    parts = run_parts(train, startup, step_seconds, evaluation_seconds, checkpoint_seconds)
     total = sum(count * seconds for _, count, seconds in parts)
     print("| part of a whole run | count | seconds each | seconds | share |")
     print("| --- | --- | --- | --- | --- |")
     for name, count, seconds in parts:
         print(f"| {name} | {count:,} | {seconds:.4g} | {count * seconds:.1f} | {100 * count * seconds / total:.0f}% |")
     print(f"| total | | | {total:.1f} | 100% |")
+
+
+def run_parts(
+    train: TrainConfig, startup: float, step_seconds: float, evaluation_seconds: float, checkpoint_seconds: float
+) -> list[tuple[str, int, float]]:
+    """The parts of a whole run of train.max_iters steps: (name, count, seconds each)."""
+    # as Trainer.fit does: the baseline at step 0, then every eval_interval steps and at the last step,
+    # each of these followed by a checkpoint
+    checkpoints = train.max_iters // train.eval_interval + (train.max_iters % train.eval_interval != 0)
+    return [
+        ("start-up (imports, data, model; to the first step)", 1, startup),
+        ("optimizer steps", train.max_iters, step_seconds),
+        (f"evaluations ({train.eval_iters} batches per split)", checkpoints + 1, evaluation_seconds),
+        ("checkpoints", checkpoints, checkpoint_seconds),
+    ]
 
 
 def print_profile(trainer: Trainer, lr: float, rows: int) -> None:

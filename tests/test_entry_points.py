@@ -7,6 +7,7 @@ import torch
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
+from trainer.config import config_to_toml
 from trainer.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -193,3 +194,17 @@ def test_sample_rejects_a_corrupt_checkpoint(trained):
     (broken / "ckpt.pt").write_bytes((workdir / "out" / "tiny" / "ckpt.pt").read_bytes()[:1000])
     result = run_script("sample.py", "--out-dir", "broken", cwd=workdir)
     assert_one_line_error(result, "broken/ckpt.pt is not a readable checkpoint")
+
+
+def test_budget_bench_projects_both_whole_runs_and_says_whether_the_candidate_fits(tmp_path, data_dir):
+    """bench/budget.py, the tool behind the quickstart's wall-time budget: a run of the same model
+    with 10x the steps cannot fit within 10% of the reference."""
+    (tmp_path / "reference.toml").write_text(config_to_toml(tiny_config(tmp_path / "a", data_dir)))
+    longer = tiny_config(tmp_path / "b", data_dir, train__max_iters=200, optim__lr_decay_iters=200)
+    (tmp_path / "longer.toml").write_text(config_to_toml(longer))
+    args = ["--reference", "reference.toml", "--candidate", "longer.toml", "--rounds", "2", "--block", "2"]
+    result = run_script("bench/budget.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("| reference", "| candidate"))]
+    assert [row.split(" | ")[3] for row in rows] == ["20", "200"]  # the steps each whole run takes
+    assert "within budget: no" in result.stdout
