@@ -1,18 +1,21 @@
-"""Does one config's whole run fit within a wall-time budget of another's? The two runs' steps are
+r"""Does one config's whole run fit within a wall-time budget of another's? The two runs' steps are
 timed in alternating blocks in one process, so that both see the same machine.
 
     python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml
+    python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml \
+        --train.max_iters=1550 --optim.lr_decay_iters=1550    # overrides apply to the candidate
 
 Timing two whole runs one after the other is what a user sees, but on a machine whose speed drifts
 (a shared virtual machine: the same run took 112 to 148 s within the hour here) two such runs
 differ by as much as a 10% budget. Here both runs are built as train.py builds them, then blocks of
 --block optimizer steps of each are timed in turn, ABBA, for --rounds rounds; each run's step time is
 the median of its blocks, so a slow phase of the machine slows both. An evaluation and a checkpoint
-of each are timed the same way. From these each whole run is projected (start-up, train.max_iters
-steps, an evaluation at step 0, every eval_interval steps and at the end, a checkpoint after each
-but the first, as bench/train.py does), and the table gives the candidate's cost over the
-reference's and the most steps the candidate could take within --budget of the reference's run.
-Start-up (imports, data) is the same for both and taken from the reference.
+of each are timed every fifth round, in the same alternation. From the medians each whole run is
+projected (start-up, train.max_iters steps, an evaluation at step 0, every eval_interval steps and
+at the end, a checkpoint after each but the first, as bench/train.py does), and the table gives the
+candidate's cost over the reference's and the most steps the candidate could take within --budget
+of the reference's run (with the evaluation and checkpoint that steps past an evaluation point
+bring). Start-up (imports, data) is the same for both and taken from the reference.
 """
 
 import time
@@ -20,6 +23,7 @@ import time
 START = time.perf_counter()  # before the imports: they are part of a run's start-up
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -31,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.train import run_parts  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import TrainConfig, load_config  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 
 
@@ -42,13 +46,14 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.10, help="allowed cost over the reference (default: 1.10)")
     parser.add_argument("--rounds", type=int, default=20, help="rounds, each run's block once per round (default: 20)")
     parser.add_argument("--block", type=int, default=10, help="optimizer steps per timed block (default: 10)")
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()  # --section.key=value, for the candidate
     if args.rounds < 2 or args.block < 1 or args.budget <= 0:
         raise UserError("--rounds must be 2 or more, --block 1 or more and --budget positive")
     with tempfile.TemporaryDirectory() as scratch:
         runs = {}
         for name in ("reference", "candidate"):
-            cfg = load_config(getattr(args, name), [f"--train.out_dir={scratch}/{name}"])
+            changes = overrides if name == "candidate" else []
+            cfg = load_config(getattr(args, name), [*changes, f"--train.out_dir={scratch}/{name}"])
             ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
             runs[name] = Trainer(cfg)
             if name == "reference":
@@ -69,28 +74,48 @@ def main() -> None:
                     checkpoints[name].append(timed(trainer.save))
         for trainer in runs.values():
             trainer.world.stop()
-    totals = {}
+    totals, timings = {}, {}
     print("| run | config | ms/step | steps | evaluations | projected whole run |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, trainer in runs.items():
-        step, evaluation, checkpoint = (statistics.median(x[name]) for x in (steps, evaluations, checkpoints))
-        parts = run_parts(trainer.cfg.train, startup, step, evaluation, checkpoint)
-        totals[name] = sum(count * seconds for _, count, seconds in parts)
+        timings[name] = tuple(statistics.median(x[name]) for x in (steps, evaluations, checkpoints))
+        parts = run_parts(trainer.cfg.train, startup, *timings[name])
+        totals[name] = whole_run(trainer.cfg.train, startup, timings[name])
         print(
-            f"| {name} | {getattr(args, name)} | {1000 * step:.1f} | {parts[1][1]:,} | {parts[2][1]} | "
+            f"| {name} | {getattr(args, name)} | {1000 * timings[name][0]:.1f} | {parts[1][1]:,} | {parts[2][1]} | "
             f"{totals[name]:.1f} s |"
         )
     ratio = totals["candidate"] / totals["reference"]
-    candidate = runs["candidate"].cfg.train
-    step = statistics.median(steps["candidate"])
-    spare = args.budget * totals["reference"] - totals["candidate"]
-    most = candidate.max_iters + int(spare / step)  # evaluations left as they are
+    step_ratio = timings["candidate"][0] / timings["reference"][0]
+    most = most_steps(runs["candidate"].cfg.train, startup, timings["candidate"], args.budget * totals["reference"])
     print()
-    step_ratio = step / statistics.median(steps["reference"])
     print(
         f"candidate / reference: {ratio:.3f} (budget {args.budget:.2f}); step-time ratio {step_ratio:.3f}; "
-        f"within budget: {'yes' if ratio <= args.budget else 'no'}; most candidate steps within budget: about {most:,}"
+        f"within budget: {'yes' if ratio <= args.budget else 'no'}; most candidate steps within budget: {most:,}"
     )
+
+
+def whole_run(train: TrainConfig, startup: float, timings: tuple[float, float, float]) -> float:
+    """Seconds of a whole run of train.max_iters steps; timings: (step, evaluation, checkpoint)."""
+    return sum(count * seconds for _, count, seconds in run_parts(train, startup, *timings))
+
+
+def most_steps(train: TrainConfig, startup: float, timings: tuple[float, float, float], limit: float) -> int:
+    """The most steps a run like train may take with its whole run, the evaluations and checkpoints
+    that more steps bring included, within limit seconds (0 if even one step is over)."""
+
+    def fits(n: int) -> bool:
+        return whole_run(dataclasses.replace(train, max_iters=n), startup, timings) <= limit
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2  # fits(low); grow high until it does not fit
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:  # the whole run's time never shrinks with more steps
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def block(trainer: Trainer, n: int) -> None:

@@ -156,7 +156,8 @@ class CausalSelfAttention(nn.Module):
         """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised as the
         layer was built to, queries and keys then rotated. rotate: as for forward."""
         B, T, C = x.shape
-        rotate = rotate or no_rotation
+        if rotate is None:
+            rotate = no_rotation
         H, Hkv = self.n_head, self.n_kv_head
         D = C // H
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)

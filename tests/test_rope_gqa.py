@@ -106,3 +106,14 @@ def test_the_cache_holds_n_kv_head_heads(n_kv_head):
 def test_bad_position_and_head_values_are_one_line_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, overrides)
+
+
+@pytest.mark.slow
+def test_rope_model_compiles_to_one_graph_with_the_eager_logits():
+    """The rotation a RoPE model hands its layers (a function built once per forward pass) traces
+    into a single compiled graph."""
+    model = tiny_model(VOCAB, BLOCK, **MODERN)
+    idx = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(3))
+    eager, _ = model(idx)
+    compiled, _ = torch.compile(model, fullgraph=True)(idx)
+    assert (compiled - eager).abs().max().item() < 1e-5
