@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.train import run_parts  # noqa: E402
+from bench.train import run_parts, timed  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import TrainConfig, load_config  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     for name, trainer in runs.items():
         timings[name] = tuple(statistics.median(x[name]) for x in (steps, evaluations, checkpoints))
         parts = run_parts(trainer.cfg.train, startup, *timings[name])
-        totals[name] = whole_run(trainer.cfg.train, startup, timings[name])
+        totals[name] = sum(count * seconds for _, count, seconds in parts)
         print(
             f"| {name} | {getattr(args, name)} | {1000 * timings[name][0]:.1f} | {parts[1][1]:,} | {parts[2][1]} | "
             f"{totals[name]:.1f} s |"
@@ -122,12 +122,6 @@ def block(trainer: Trainer, n: int) -> None:
     for _ in range(n):
         loss = trainer.train_step(trainer.cfg.optim.learning_rate)
     loss.item()  # waits for the device to finish
-
-
-def timed(work) -> float:
-    start = time.perf_counter()
-    work()
-    return time.perf_counter() - start
 
 
 if __name__ == "__main__":

@@ -102,6 +102,11 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | Non
     return scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
 
 
+def no_rotation(x: torch.Tensor) -> torch.Tensor:
+    """The rotation of a model without RoPE: queries and keys stay as they are."""
+    return x
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj).
 
@@ -136,12 +141,12 @@ class CausalSelfAttention(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache=None,
-        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
     ) -> torch.Tensor:
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
         cache, the new keys and values go into its slots and the queries attend over all of them.
         rotate: turns (B, heads, T, D) queries or keys by their tokens' positions (`Rotary`'s
-        output); None leaves them as they are."""
+        output); by default they stay as they are."""
         B, T, C = x.shape
         q, k, v = self.heads(x, rotate)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         if cache is not None:
@@ -151,13 +156,11 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))
 
     def heads(
-        self, x: torch.Tensor, rotate: Callable[[torch.Tensor], torch.Tensor] | None = None
+        self, x: torch.Tensor, rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised as the
         layer was built to, queries and keys then rotated. rotate: as for forward."""
         B, T, C = x.shape
-        if rotate is None:
-            rotate = no_rotation
         H, Hkv = self.n_head, self.n_kv_head
         D = C // H
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
@@ -172,7 +175,7 @@ class CausalSelfAttention(nn.Module):
         self,
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
-        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
     ) -> torch.Tensor:
         """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T).
         rotate: as for forward."""
@@ -225,7 +228,3 @@ class NoRotation(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         return no_rotation
-
-
-def no_rotation(x: torch.Tensor) -> torch.Tensor:
-    return x

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .attention import BlockMask, CausalSelfAttention, NoRotation, Rotary, flex_block_mask
+from .attention import BlockMask, CausalSelfAttention, NoRotation, Rotary, flex_block_mask, no_rotation
 from .kv_cache import KVCache, RollingKVCache
 from .masks import Rule, dense_mask, document_ids, document_positions, is_plain_causal, pattern_rule
 
@@ -341,7 +341,7 @@ class Block(nn.Module):
         x: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        rotate: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
     ) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), mask, cache, rotate)
         x = x + self.mlp(self.ln_2(x))
