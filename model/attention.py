@@ -145,7 +145,7 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
         cache, the new keys and values go into its slots and the queries attend over all of them.
-        rotate: turns (B, heads, T, D) queries or keys by their tokens' positions (`Rotary`'s
+        rotate: turns (B, T, heads, D) queries or keys by their tokens' positions (`Rotary`'s
         output); by default they stay as they are."""
         B, T, C = x.shape
         q, k, v = self.heads(x, rotate)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
@@ -164,11 +164,11 @@ class CausalSelfAttention(nn.Module):
         H, Hkv = self.n_head, self.n_kv_head
         D = C // H
         q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
-        q = q.view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = k.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        # normalised and rotated in the (B, T, heads, D) layout the projection leaves them in, where
+        # each (T, D) row is contiguous (measured faster on a CPU than after the transpose)
+        q = rotate(self.q_norm(q.view(B, T, H, D))).transpose(1, 2)  # (B, H, T, D)
+        k = rotate(self.k_norm(k.view(B, T, Hkv, D))).transpose(1, 2)  # (B, Hkv, T, D)
         v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
-        q = rotate(self.q_norm(q))
-        k = rotate(self.k_norm(k))
         return q, k, v
 
     def weights(
@@ -200,10 +200,10 @@ class Rotary(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """positions: (1 or B, T), padding (negative) taken as 0. Returns the function that turns
-        (1 or B, heads, T, head_dim) queries or keys at those positions."""
+        (1 or B, T, heads, head_dim) queries or keys at those positions."""
         D = self.head_dim
         inv_freq = self.base ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)  # (D/2,)
-        angles = positions.clamp(min=0)[:, None, :, None].float() * inv_freq  # (1 or B, 1, T, D/2)
+        angles = positions.clamp(min=0)[:, :, None, None].float() * inv_freq  # (1 or B, T, 1, D/2)
         cos, sin = angles.cos(), angles.sin()
         # each pair (a, b) = (x_i, x_i+D/2) turns to (a cos - b sin, b cos + a sin): x * cos, plus x
         # with its halves swapped times sin with the first half's sign flipped
@@ -214,11 +214,11 @@ class Rotary(nn.Module):
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (B, H, T, D) with feature i paired with i + D/2, each pair turned by its angle: cos holds the
-    angles' cosines twice over, (1 or B, 1, T, D), and sin their sines, negated in the first half.
+    """x (B, T, H, D) with feature i paired with i + D/2, each pair turned by its angle: cos holds the
+    angles' cosines twice over, (1 or B, T, 1, D), and sin their sines, negated in the first half.
     Computed in float32, returned in x's dtype."""
     x32 = x.float()
-    x1, x2 = x32.chunk(2, dim=-1)  # (B, H, T, D/2) each
+    x1, x2 = x32.chunk(2, dim=-1)  # (B, T, H, D/2) each
     return (x32 * cos + torch.cat([x2, x1], dim=-1) * sin).type_as(x)
 
 

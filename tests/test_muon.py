@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.optim._muon import _zeropower_via_newtonschulz
 
-from trainer.muon import Muon, orthogonalise
+from trainer.muon import Muon, _direct_form, _gram_form, orthogonalise
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 # two matrices of one shape (stepped as one batch), a tall one and a square one
@@ -47,6 +47,30 @@ def test_float32_orthogonalisation_is_torchs_iteration_without_bfloat16_rounding
         assert ours.dtype == torch.float32
         torch.testing.assert_close(ours.double(), exact, rtol=0, atol=1e-5)
         assert 1e-5 < (torchs.double() - exact).abs().max() < 0.1  # bfloat16 rounding, not another iteration
+
+
+@pytest.mark.parametrize("shape", [(6, 40), (40, 6)], ids=["wide", "tall"])
+@pytest.mark.parametrize("steps", [1, 3, 5])
+def test_gram_form_gives_the_direct_iterations_result(shape, steps):
+    """The cheaper form for long matrices iterates on the small Gram matrix, multiplying the long
+    matrix only at the end: the same result as torch's iteration, up to float64 rounding."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, *shape, generator=generator, dtype=torch.float64)
+    x = x / x.norm(dim=(-2, -1), keepdim=True)
+    direct = _direct_form(x, COEFFICIENTS, steps)
+    torch.testing.assert_close(_gram_form(x, COEFFICIENTS, steps), direct, rtol=0, atol=1e-12)
+    assert (direct - x).abs().max() > 0.1  # the iteration did move the matrix
+
+
+def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
+    """The Gram form is chosen where it saves work (one side 1.5x the other, 2 steps or more) and
+    never in bfloat16, where torch's own iteration is kept as it is."""
+    taken = []
+    monkeypatch.setattr("trainer.muon._gram_form", lambda x, c, s: taken.append(tuple(x.shape[-2:])) or x)
+    for shape, dtype in [((8, 13), torch.float32), ((8, 12), torch.float32), ((12, 8), torch.float32),
+                         ((16, 16), torch.float32), ((8, 24), torch.bfloat16)]:
+        orthogonalise(torch.ones(1, *shape, dtype=dtype), COEFFICIENTS, 3, 1e-7)
+    assert taken == [(8, 13)]
 
 
 def test_orthogonalised_update_has_singular_values_near_one():

@@ -18,13 +18,13 @@ MODERN = {"pos_emb": "rope", "n_kv_head": 1, "qk_norm": True, "norm": "rmsnorm",
 
 
 def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
-    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 1, 2, 4)  # (B, H, T, D): one head, positions 0 and 1
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 2, 1, 4)  # (B, T, H, D): positions 0 and 1, one head
     rotated = Rotary(base=100.0, head_dim=4)(torch.tensor([[0, 1]]))(x)
     assert torch.equal(rotated[0, 0, 0], x[0, 0, 0])  # position 0: no turn
     # D = 4: pairs (x0, x2) and (x1, x3) turn by 1 * 100^0 = 1 and 1 * 100^(-2/4) = 0.1 radians
     c1, s1, c2, s2 = math.cos(1.0), math.sin(1.0), math.cos(0.1), math.sin(0.1)
     expected = [1 * c1 - 3 * s1, 2 * c2 - 4 * s2, 1 * s1 + 3 * c1, 2 * s2 + 4 * c2]
-    torch.testing.assert_close(rotated[0, 0, 1], torch.tensor(expected))
+    torch.testing.assert_close(rotated[0, 1, 0], torch.tensor(expected))
 
 
 def test_rope_scores_depend_only_on_the_distance_between_query_and_key():

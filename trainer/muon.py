@@ -10,7 +10,9 @@ same), and only changes how the orthogonalisation is computed:
 
 - in `ns_dtype` (the trainer passes bfloat16 on CUDA, float32 elsewhere);
 - batched: the matrices of one shape are stacked and iterated together, one batched product per
-  term instead of one small product per matrix.
+  term instead of one small product per matrix;
+- in float32, for a long matrix (one side 1.5x the other or more), on its small Gram matrix: the
+  same iterates with fewer multiply-adds (25% to 44% fewer for the quickstart's long matrices).
 
 A step of torch's Muon, per matrix W with gradient G and momentum buffer B:
     B <- momentum * B + (1 - momentum) * G
@@ -29,16 +31,52 @@ from torch import Tensor
 def orthogonalise(updates: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
     """The quintic Newton-Schulz iteration of torch.optim.Muon, over a batch of matrices
     (n, rows, cols), in updates' dtype: X <- a X + (b A + c A^2) X with A = X X^T, starting from
-    each matrix divided by its Frobenius norm (so every singular value is at most 1). It runs on the
-    wide orientation (rows <= cols), where X X^T is the smaller product."""
+    each matrix divided by its Frobenius norm (so every singular value is at most 1).
+
+    In float32 or wider, a matrix much wider than tall (or taller than wide) takes the Gram form of
+    the same iteration, which gives the same iterates with fewer multiply-adds (`_gram_form`); in
+    bfloat16 the Gram matrix's rounding would show, so there it is torch's iteration as it is."""
+    x = updates / updates.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    small, large = sorted(x.shape[-2:])
+    # multiply-adds over small^2: per step X X^T, A^2 and (..) X for the direct form; two long
+    # products and 4 * steps - 3 small cubes for the Gram form
+    if x.dtype.itemsize >= 4 and 2 * large + (4 * steps - 3) * small < steps * (2 * large + small):
+        return _gram_form(x, coefficients, steps)
+    return _direct_form(x, coefficients, steps)
+
+
+def _direct_form(x: Tensor, coefficients: tuple[float, float, float], steps: int) -> Tensor:
+    """torch's iteration, on the wide orientation (rows <= cols), where X X^T is the smaller product."""
     a, b, c = coefficients
-    tall = updates.size(-2) > updates.size(-1)
-    x = updates.mT if tall else updates
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
     for _ in range(steps):
         gram = x @ x.mT
         x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.mT if tall else x
+
+
+def _gram_form(x: Tensor, coefficients: tuple[float, float, float], steps: int) -> Tensor:
+    """Newton-Schulz on the Gram matrix. For a wide X (rows < cols), a step is X <- p(A) X with
+    p(A) = a I + b A + c A^2 and A = X X^T. So X_k = P X_0 where P is the product of the steps' p's,
+    and the next A is p A p (p is symmetric: a polynomial of a symmetric matrix). Only A, p and P,
+    all rows x rows, are iterated; X_0 is multiplied once at the end. A tall X is the mirror image
+    (A = X^T X, X_k = X_0 P)."""
+    a, b, c = coefficients
+    wide = x.size(-2) <= x.size(-1)
+    gram = x @ x.mT if wide else x.mT @ x
+    product = None
+    for step in range(steps):
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        poly.diagonal(dim1=-2, dim2=-1).add_(a)
+        if product is None:
+            product = poly
+        else:
+            product = poly @ product if wide else product @ poly
+        if step + 1 < steps:
+            gram = poly @ gram @ poly
+    return product @ x if wide else x @ product
 
 
 class Muon(torch.optim.Muon):
