@@ -11,8 +11,9 @@ same), and only changes how the orthogonalisation is computed:
 - in `ns_dtype` (the trainer passes bfloat16 on CUDA, float32 elsewhere);
 - batched: the matrices of one shape are stacked and iterated together, one batched product per
   term instead of one small product per matrix;
-- in float32, for a long matrix (one side 1.5x the other or more), on its small Gram matrix: the
-  same iterates with fewer multiply-adds (25% to 44% fewer for the quickstart's long matrices).
+- in float32, for a long matrix (one side 1.5x the other or more, not sharded), on its small Gram
+  matrix: the same iterates with fewer multiply-adds (25% to 44% fewer for the quickstart's long
+  matrices).
 
 A step of torch's Muon, per matrix W with gradient G and momentum buffer B:
     B <- momentum * B + (1 - momentum) * G
@@ -26,6 +27,7 @@ from collections import defaultdict
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 
 def orthogonalise(updates: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> Tensor:
@@ -34,13 +36,15 @@ def orthogonalise(updates: Tensor, coefficients: tuple[float, float, float], ste
     each matrix divided by its Frobenius norm (so every singular value is at most 1).
 
     In float32 or wider, a matrix much wider than tall (or taller than wide) takes the Gram form of
-    the same iteration, which gives the same iterates with fewer multiply-adds (`_gram_form`); in
-    bfloat16 the Gram matrix's rounding would show, so there it is torch's iteration as it is."""
+    the same iteration, which gives the same iterates with fewer multiply-adds (`_gram_form`). The
+    direct form stays for bfloat16, where the Gram matrix's rounding would show, and for FSDP2's
+    sharded matrices (DTensor), whose sharding rules it is tested with."""
     x = updates / updates.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
     small, large = sorted(x.shape[-2:])
     # multiply-adds over small^2: per step X X^T, A^2 and (..) X for the direct form; two long
     # products and 4 * steps - 3 small cubes for the Gram form
-    if x.dtype.itemsize >= 4 and 2 * large + (4 * steps - 3) * small < steps * (2 * large + small):
+    cheaper = 2 * large + (4 * steps - 3) * small < steps * (2 * large + small)
+    if cheaper and x.dtype.itemsize >= 4 and not isinstance(x, DTensor):
         return _gram_form(x, coefficients, steps)
     return _direct_form(x, coefficients, steps)
 
