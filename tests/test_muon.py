@@ -66,9 +66,20 @@ def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
     """The Gram form is chosen where it saves work (one side 1.5x the other, 2 steps or more) and
     never in bfloat16, where torch's own iteration is kept as it is."""
     taken = []
-    monkeypatch.setattr("trainer.muon._gram_form", lambda x, c, s: taken.append(tuple(x.shape[-2:])) or x)
-    for shape, dtype in [((8, 13), torch.float32), ((8, 12), torch.float32), ((12, 8), torch.float32),
-                         ((16, 16), torch.float32), ((8, 24), torch.bfloat16)]:
+
+    def gram_form(x, coefficients, steps):
+        taken.append(tuple(x.shape[-2:]))
+        return x
+
+    monkeypatch.setattr("trainer.muon._gram_form", gram_form)
+    cases = [
+        ((8, 13), torch.float32),  # long enough: 13 > 1.5 * 8
+        ((8, 12), torch.float32),  # 1.5x exactly: the same work either way, so the direct form
+        ((12, 8), torch.float32),
+        ((16, 16), torch.float32),
+        ((8, 24), torch.bfloat16),
+    ]
+    for shape, dtype in cases:
         orthogonalise(torch.ones(1, *shape, dtype=dtype), COEFFICIENTS, 3, 1e-7)
     assert taken == [(8, 13)]
 
