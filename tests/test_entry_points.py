@@ -1,6 +1,10 @@
 """train.py and sample.py driven as a user drives them: in a fresh interpreter, from the shell.
 (The catalogue of bad inputs runs in-process, in tests/test_bad_inputs.py.)"""
 
+import json
+import math
+import tomllib
+
 import pytest
 import torch
 
@@ -194,6 +198,21 @@ def test_sample_rejects_a_corrupt_checkpoint(trained):
     (broken / "ckpt.pt").write_bytes((workdir / "out" / "tiny" / "ckpt.pt").read_bytes()[:1000])
     result = run_script("sample.py", "--out-dir", "broken", cwd=workdir)
     assert_one_line_error(result, "broken/ckpt.pt is not a readable checkpoint")
+
+
+def test_val_bench_scores_runs_on_the_same_windows_of_the_whole_split(trained):
+    """bench/val.py: a row per run with the trainer's last val loss beside the loss over windows
+    every --stride tokens of the whole split; a run scored twice gets the same figure."""
+    workdir, _ = trained
+    result = run_script("bench/val.py", "out/tiny", "out/tiny", "--stride", "64", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    rows = [line.strip(" |").split(" | ") for line in result.stdout.splitlines() if line.startswith("| out/tiny")]
+    assert len(rows) == 2 and rows[0] == rows[1]
+    _, _, trainer_loss, split_loss, windows = rows[0]
+    assert abs(float(split_loss) - float(trainer_loss)) < 0.2  # the same metric, on more text
+    meta = json.loads((workdir / "data" / "shakespeare_char" / "meta.json").read_text())
+    block_size = tomllib.loads((workdir / "tiny.toml").read_text())["model"]["block_size"]
+    assert int(windows.replace(",", "")) == math.ceil((meta["val_tokens"] - block_size) / 64)
 
 
 def test_budget_bench_projects_both_whole_runs_and_says_whether_the_candidate_fits(tmp_path, data_dir):

@@ -63,7 +63,7 @@ def test_gram_form_gives_the_direct_iterations_result(shape, steps):
 
 
 def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
-    """The Gram form is chosen where it saves work (one side 1.5x the other, 2 steps or more) and
+    """The Gram form is chosen where it saves work (one side over 1.5x the other, 2 steps or more) and
     never in bfloat16, where torch's own iteration is kept as it is."""
     taken = []
 

@@ -11,7 +11,7 @@ same), and only changes how the orthogonalisation is computed:
 - in `ns_dtype` (the trainer passes bfloat16 on CUDA, float32 elsewhere);
 - batched: the matrices of one shape are stacked and iterated together, one batched product per
   term instead of one small product per matrix;
-- in float32, for a long matrix (one side 1.5x the other or more, not sharded), on its small Gram
+- in float32, for a long matrix (one side over 1.5x the other, not sharded), on its small Gram
   matrix: the same iterates with fewer multiply-adds (25% to 44% fewer for the quickstart's long
   matrices).
 

@@ -1,0 +1,84 @@
+"""Finished runs' loss over a whole split, on the same windows for every run.
+
+    python bench/val.py out/run_a out/run_b [--stride 16] [--split val]
+
+The trainer's evaluation averages train.eval_iters random batches (20 in the quickstart: 15,360
+characters), drawn with the run's own seed. That is cheap enough to repeat during training, but it
+is a small sample, and a different one for each seed: two runs of one config at two seeds can
+differ by several hundredths on it even when their models are equally good. This scores the same
+metric (the mean loss over every position of block_size windows, with the run's training
+objective) on windows starting every --stride tokens of the whole split, the same windows for every
+run, so runs compare on their models alone. It prints, per run, the trainer's last val loss and
+this one. Runs on the CPU.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from data.loader import TokenDataset  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
+from trainer.config import config_from_dict  # noqa: E402
+from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
+from trainer.objective import Objective  # noqa: E402
+
+WINDOWS_PER_BATCH = 256
+OBJECTIVE_SEED = 0  # the prefix lengths of a prefix-LM run: the same for every run
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", help="run directories (each with a checkpoint)")
+    parser.add_argument("--split", choices=["val", "train"], default="val", help="which split (default: val)")
+    parser.add_argument("--stride", type=int, default=16, help="tokens between window starts (default: 16)")
+    args = parser.parse_args()
+    if args.stride < 1:
+        raise UserError(f"--stride={args.stride} must be 1 or more")
+    return args
+
+
+@torch.no_grad()
+def split_loss(model, objective: Objective, tokens: torch.Tensor, block_size: int, stride: int) -> tuple[float, int]:
+    """Mean loss over windows of block_size tokens starting every stride tokens, and their count."""
+    starts = torch.arange(0, len(tokens) - block_size, stride)
+    if len(starts) == 0:
+        raise UserError(f"the split holds {len(tokens)} tokens, too few for one window of {block_size + 1}")
+    offsets = torch.arange(block_size)
+    total = 0.0
+    for batch in starts.split(WINDOWS_PER_BATCH):
+        index = batch[:, None] + offsets  # (B, block_size)
+        x, y, prefix = objective(tokens[index], tokens[index + 1])
+        _, loss = model(x, y, prefix=prefix)
+        total += loss.item() * len(batch)
+    return total / len(starts), len(starts)
+
+
+def main() -> None:
+    args = parse_args()
+    torch.manual_seed(0)
+    print(f"| run | step | trainer's last {args.split} loss | whole-split {args.split} loss | windows |")
+    print("| --- | --- | --- | --- | --- |")
+    for run in args.runs:
+        path = Path(run) / CHECKPOINT_NAME
+        checkpoint = load_checkpoint(path)
+        model, _ = model_from_checkpoint(checkpoint, path)
+        cfg = config_from_dict(checkpoint["config"], source=str(path))
+        dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
+        tokens = torch.from_numpy(dataset.tokens(args.split).astype("int64"))
+        objective = Objective(cfg.model, OBJECTIVE_SEED)
+        loss, windows = split_loss(model, objective, tokens, cfg.model.block_size, args.stride)
+        metrics = Path(run) / METRICS_NAME
+        records = [json.loads(line) for line, _ in read_records(metrics)] if metrics.is_file() else []
+        evaluated = [r[f"{args.split}_loss"] for r in records if f"{args.split}_loss" in r]
+        last = f"{evaluated[-1]:.4f}" if evaluated else "-"
+        print(f"| {run} | {checkpoint['step']:,} | {last} | {loss:.4f} | {windows:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    run_cli(main)
