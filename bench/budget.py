@@ -32,7 +32,7 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.train import run_parts, timed  # noqa: E402
+from bench.train import run_parts, timed, total_seconds  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import TrainConfig, load_config  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> None:
     for name, trainer in runs.items():
         timings[name] = tuple(statistics.median(x[name]) for x in (steps, evaluations, checkpoints))
         parts = run_parts(trainer.cfg.train, startup, *timings[name])
-        totals[name] = sum(count * seconds for _, count, seconds in parts)
+        totals[name] = total_seconds(parts)
         print(
             f"| {name} | {getattr(args, name)} | {1000 * timings[name][0]:.1f} | {parts[1][1]:,} | {parts[2][1]} | "
             f"{totals[name]:.1f} s |"
@@ -95,17 +95,12 @@ def main() -> None:
     )
 
 
-def whole_run(train: TrainConfig, startup: float, timings: tuple[float, float, float]) -> float:
-    """Seconds of a whole run of train.max_iters steps; timings: (step, evaluation, checkpoint)."""
-    return sum(count * seconds for _, count, seconds in run_parts(train, startup, *timings))
-
-
 def most_steps(train: TrainConfig, startup: float, timings: tuple[float, float, float], limit: float) -> int:
     """The most steps a run like train may take with its whole run, the evaluations and checkpoints
     that more steps bring included, within limit seconds (0 if even one step is over)."""
 
     def fits(n: int) -> bool:
-        return whole_run(dataclasses.replace(train, max_iters=n), startup, timings) <= limit
+        return total_seconds(run_parts(dataclasses.replace(train, max_iters=n), startup, *timings)) <= limit
 
     if not fits(1):
         return 0

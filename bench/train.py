@@ -102,7 +102,7 @@ def print_run_time(
 ) -> None:
     """A whole run of train.max_iters steps, from the parts' measured times."""
     parts = run_parts(train, startup, step_seconds, evaluation_seconds, checkpoint_seconds)
-    total = sum(count * seconds for _, count, seconds in parts)
+    total = total_seconds(parts)
     print("| part of a whole run | count | seconds each | seconds | share |")
     print("| --- | --- | --- | --- | --- |")
     for name, count, seconds in parts:
@@ -123,6 +123,11 @@ def run_parts(
         (f"evaluations ({train.eval_iters} batches per split)", checkpoints + 1, evaluation_seconds),
         ("checkpoints", checkpoints, checkpoint_seconds),
     ]
+
+
+def total_seconds(parts: list[tuple[str, int, float]]) -> float:
+    """The whole run's seconds from run_parts' (name, count, seconds each)."""
+    return sum(count * seconds for _, count, seconds in parts)
 
 
 def print_profile(trainer: Trainer, lr: float, rows: int) -> None:

@@ -61,7 +61,6 @@ def split_loss(model, objective: Objective, tokens: torch.Tensor, block_size: in
 
 def main() -> None:
     args = parse_args()
-    torch.manual_seed(0)
     print(f"| run | step | trainer's last {args.split} loss | whole-split {args.split} loss | windows |")
     print("| --- | --- | --- | --- | --- |")
     for run in args.runs:
