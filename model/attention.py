@@ -8,7 +8,7 @@ picks a fused kernel; `attention_weights` spells the same computation out and re
 
 Options, each chosen when the layer is built: grouped-query attention (fewer key/value heads than
 query heads, each shared by a group of queries: the KV cache shrinks by that factor) and QK-norm
-(queries and keys RMS-normalised per head before their dot product). With rotary position
+(queries and keys normalised per head before their dot product, by the model's kind of norm). With rotary position
 embeddings (RoPE: queries and keys rotated by their position, so their dot product depends on the
 distance) the model computes the rotation once per forward pass (`Rotary`) and hands it to every
 layer; without, it hands them `no_rotation`.
@@ -110,8 +110,8 @@ def no_rotation(x: torch.Tensor) -> torch.Tensor:
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj).
 
-    n_kv_head: key/value heads (0 = n_head; 1 = multi-query). qk_norm: RMS-normalise each head's
-    queries and keys."""
+    n_kv_head: key/value heads (0 = n_head; 1 = multi-query). qk_norm: builds the normalisation of
+    one head's queries or keys from its size (head_dim); None leaves them as they are."""
 
     def __init__(
         self,
@@ -121,7 +121,7 @@ class CausalSelfAttention(nn.Module):
         bias: bool,
         layer_idx: int,
         n_kv_head: int = 0,
-        qk_norm: bool = False,
+        qk_norm: Callable[[int], nn.Module] | None = None,
     ):
         super().__init__()
         self.n_head = n_head
@@ -130,8 +130,8 @@ class CausalSelfAttention(nn.Module):
         self.kv_dim = self.n_kv_head * head_dim
         self.c_attn = nn.Linear(n_embd, n_embd + 2 * self.kv_dim, bias=bias)  # query, key, value for all heads
         self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
-        self.q_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
-        self.k_norm = nn.RMSNorm(head_dim, eps=1e-5) if qk_norm else nn.Identity()
+        self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
+        self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.resid_dropout = nn.Dropout(dropout)
         self.dropout = dropout
         self.layer_idx = layer_idx  # which slot of a KV cache this layer writes

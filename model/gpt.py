@@ -17,6 +17,7 @@ differs.
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn as nn
@@ -60,7 +61,7 @@ class GPTConfig:
     pos_emb: str = "learned"  # "learned" (GPT-2: a table of block_size positions) or "rope" (rotary, in attention)
     rope_base: float = 10000.0  # rope: position p turns feature pair i by p * rope_base^(-2i/head_dim)
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtracted, no bias)
-    qk_norm: bool = False  # RMS-normalise each head's queries and keys before their dot product
+    qk_norm: bool = False  # normalise each head's queries and keys (with `norm`'s kind) before their dot product
     mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (gated, 2/3 as wide: as many weights)
     n_kv_head: int = 0  # key/value heads, shared by groups of query heads; 0 = n_head, 1 = multi-query
     tie_embeddings: bool = True  # the output head is the token embedding (GPT-2); false: its own, zero-initialised
@@ -149,9 +150,11 @@ class GPTConfig:
         """The parameters of GPT(self), counted without building it; a tied output layer is the
         token embedding and counts once."""
         C, hidden = self.n_embd, self.mlp_hidden
-        norm = 2 * C if self.norm == "layernorm" and self.bias else C  # gain, and bias
+        per_feature = 2 if self.norm == "layernorm" and self.bias else 1  # a norm's gain, and bias
+        norm = per_feature * C
         qkv = C + 2 * self.kv_heads * self.head_dim  # c_attn's outputs: queries, keys, values
-        attention = (qkv + C) * C + (qkv + C if self.bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        qk_norm = 2 * per_feature * self.head_dim if self.qk_norm else 0
+        attention = (qkv + C) * C + (qkv + C if self.bias else 0) + qk_norm
         mlp_matrices = 3 if self.mlp == "swiglu" else 2  # SwiGLU's c_fc holds gate and value
         mlp = mlp_matrices * C * hidden + ((mlp_matrices - 1) * hidden + C if self.bias else 0)
         per_block = 2 * norm + attention + mlp
@@ -331,7 +334,7 @@ class Block(nn.Module):
             config.bias,
             layer_idx,
             n_kv_head=config.n_kv_head,
-            qk_norm=config.qk_norm,
+            qk_norm=partial(norm_layer, config) if config.qk_norm else None,
         )
         self.ln_2 = norm_layer(config)
         self.mlp = MLPS[config.mlp](config)
@@ -348,11 +351,13 @@ class Block(nn.Module):
         return x
 
 
-def norm_layer(config: GPTConfig) -> nn.Module:
-    """The normalisation config.norm names, over the n_embd features of each position."""
+def norm_layer(config: GPTConfig, features: int = 0) -> nn.Module:
+    """The normalisation config.norm names, over the last dimension's features (0 = n_embd: the
+    residual stream; QK-norm passes head_dim)."""
+    features = features or config.n_embd
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(config.n_embd, eps=1e-5)  # x / rms(x) * gain: no mean to subtract, no bias
-    return nn.LayerNorm(config.n_embd, bias=config.bias)
+        return nn.RMSNorm(features, eps=1e-5)  # x / rms(x) * gain: no mean to subtract, no bias
+    return nn.LayerNorm(features, bias=config.bias)
 
 
 class MLP(nn.Module):

@@ -38,6 +38,17 @@ def test_checkpoint_round_trip_restores_the_model(trained_run, data_dir, tmp_pat
     assert all(torch.equal(again["model"][k], v) for k, v in checkpoint["model"].items())
 
 
+@pytest.mark.parametrize("norm,qk_norm", [("layernorm", False), ("rmsnorm", True), ("rmsnorm", False)])
+def test_format_2_checkpoint_reads_where_its_meaning_is_unchanged(trained_run, tmp_path, norm, qk_norm):
+    """Format 2's QK-norm was always RMSNorm: only a LayerNorm model with QK-norm means something
+    else now (that one is refused: tests/test_bad_inputs.py)."""
+    checkpoint = torch.load(trained_run / "ckpt.pt", weights_only=True)
+    checkpoint["config"]["model"].update(norm=norm, qk_norm=qk_norm)
+    path = tmp_path / "format2.pt"
+    torch.save(checkpoint | {"format_version": 2}, path)
+    assert load_checkpoint(path)["config"]["model"]["qk_norm"] == qk_norm
+
+
 def test_checkpoint_is_plain_data_loadable_with_weights_only(trained_run):
     checkpoint = torch.load(trained_run / "ckpt.pt", weights_only=True)
     assert {"model", "optimizer", "scaler", "rng", "step", "config", "dataset"} <= checkpoint.keys()

@@ -124,6 +124,22 @@ def test_defaults_build_gpt2s_modules():
     assert model.transformer.h[0].mlp.act.approximate == "tanh"
 
 
+@pytest.mark.parametrize(
+    "norm,bias,kind",
+    [
+        ("layernorm", True, torch.nn.LayerNorm),
+        ("layernorm", False, torch.nn.LayerNorm),
+        ("rmsnorm", False, torch.nn.RMSNorm),
+    ],
+)
+def test_qk_norm_is_the_blocks_normalisation_over_one_head(norm, bias, kind):
+    attention = tiny_model(VOCAB, BLOCK, norm=norm, bias=bias, qk_norm=True).transformer.h[0].attn
+    head_dim = 32 // 2
+    for qk in (attention.q_norm, attention.k_norm):
+        assert type(qk) is kind and tuple(qk.normalized_shape) == (head_dim,)
+        assert (getattr(qk, "bias", None) is not None) == (kind is torch.nn.LayerNorm and bias)
+
+
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
 def test_config_counts_the_parameters_of_each_variant(variant):
     config = GPTConfig(n_layer=3, n_head=2, n_embd=12, block_size=5, vocab_size=11, **variant)

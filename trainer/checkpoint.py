@@ -19,7 +19,11 @@ from model import GPT
 from trainer.config import CHECKPOINT_NAME, config_from_dict
 from trainer.runtime import check_fits_in_memory
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+# format 2 differs in one meaning only: its QK-norm was RMSNorm whatever model.norm said, where
+# format 3's takes model.norm's kind; so a format-2 checkpoint reads as format 3 unless it combines
+# qk_norm with LayerNorm blocks, the one model this version no longer builds
+READABLE_FORMATS = (2, 3)
 # what every checkpoint holds, as Trainer.checkpoint_state writes it
 KEY_TYPES = {
     "format_version": int,
@@ -83,11 +87,19 @@ def load_checkpoint(path: Path) -> dict:
         ) from None
     if not isinstance(state, dict) or "format_version" not in state or "model" not in state:
         raise UserError(f"{path} is not a checkpoint written by this trainer (it lacks format_version and model)")
-    if state["format_version"] != FORMAT_VERSION:
+    if state["format_version"] not in READABLE_FORMATS:
         raise UserError(
-            f"{path} has checkpoint format {state['format_version']}; this version reads format {FORMAT_VERSION}"
+            f"{path} has checkpoint format {state['format_version']}; this version reads formats "
+            f"{' and '.join(map(str, READABLE_FORMATS))}"
         )
     _check_contents(state, path)
+    model = state["config"].get("model", {})
+    if state["format_version"] == 2 and model.get("qk_norm") and model.get("norm", "layernorm") == "layernorm":
+        raise UserError(
+            f"{path} was trained with RMSNorm QK-norm in a LayerNorm model (checkpoint format 2); this "
+            f"version's QK-norm takes model.norm's kind and no longer builds that model (train it again, "
+            f"or use a version of this trainer from before checkpoint format 3)"
+        )
     return state
 
 
