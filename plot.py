@@ -21,7 +21,6 @@ as heatmaps labelled with the prompt's tokens.
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from model import GPT, GPTConfig  # noqa: E402
 from model.masks import dense_mask, pattern_rule  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
+from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 X_AXES = {  # --x: what each choice of horizontal axis measures
     "steps": "optimizer steps",
@@ -92,7 +91,7 @@ class Run:
             raise UserError(
                 f"{directory} holds no {METRICS_NAME}: it is not a run directory, or its run has logged nothing yet"
             )
-        records = [json.loads(line) for line, _ in read_records(metrics)]
+        records = read_metrics(metrics)
         cfg = load_config(str(path / "config.toml"), [])
         tokens_per_step = cfg.data.batch_size * cfg.model.block_size * cfg.train.gradient_accumulation_steps
         return cls(path.resolve().name, records, tokens_per_step)

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from errors import UserError, run_cli  # noqa: E402
-from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
+from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 BASE = "configs/shakespeare_char_gpt2.toml"
 QUICKSTART = "configs/shakespeare_char.toml"
@@ -64,8 +64,7 @@ def run_name(variant: str, seed: int) -> str:
 
 
 def final_val_loss(run_dir: Path) -> float:
-    evaluations = [json.loads(line) for line, _ in read_records(run_dir / METRICS_NAME)]
-    return [r for r in evaluations if "val_loss" in r][-1]["val_loss"]
+    return [r for r in read_metrics(run_dir / METRICS_NAME) if "val_loss" in r][-1]["val_loss"]
 
 
 def train(out_dir: Path, variant: str, seed: int) -> dict:

@@ -13,7 +13,6 @@ this one. Runs on the CPU.
 """
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from data.loader import TokenDataset  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
 from trainer.config import config_from_dict  # noqa: E402
-from trainer.metrics import METRICS_NAME, read_records  # noqa: E402
+from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 from trainer.objective import Objective  # noqa: E402
 
 WINDOWS_PER_BATCH = 256
@@ -73,7 +72,7 @@ def main() -> None:
         objective = Objective(cfg.model, OBJECTIVE_SEED)
         loss, windows = split_loss(model, objective, tokens, cfg.model.block_size, args.stride)
         metrics = Path(run) / METRICS_NAME
-        records = [json.loads(line) for line, _ in read_records(metrics)] if metrics.is_file() else []
+        records = read_metrics(metrics) if metrics.is_file() else []
         evaluated = [r[f"{args.split}_loss"] for r in records if f"{args.split}_loss" in r]
         last = f"{evaluated[-1]:.4f}" if evaluated else "-"
         print(f"| {run} | {checkpoint['step']:,} | {last} | {loss:.4f} | {windows:,} |", flush=True)

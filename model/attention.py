@@ -8,10 +8,10 @@ picks a fused kernel; `attention_weights` spells the same computation out and re
 
 Options, each chosen when the layer is built: grouped-query attention (fewer key/value heads than
 query heads, each shared by a group of queries: the KV cache shrinks by that factor) and QK-norm
-(queries and keys normalised per head before their dot product, by the model's kind of norm). With rotary position
-embeddings (RoPE: queries and keys rotated by their position, so their dot product depends on the
-distance) the model computes the rotation once per forward pass (`Rotary`) and hands it to every
-layer; without, it hands them `no_rotation`.
+(queries and keys normalised per head before their dot product, by the model's kind of norm).
+With rotary position embeddings (RoPE: queries and keys rotated by their position, so their dot
+product depends on the distance) the model computes the rotation once per forward pass (`Rotary`)
+and hands it to every layer; without, it hands them `no_rotation`.
 
 On CUDA, a pattern's mask can instead be a FlexAttention `BlockMask` built from the same rule
 (`flex_block_mask`): `flex_attention` then skips the blocks of 128 x 128 scores that the rule blocks

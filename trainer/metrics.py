@@ -137,7 +137,17 @@ class MetricsLog:
 
 
 def read_records(path: Path) -> list[tuple[str, int]]:
-    """Each record line of a metrics.jsonl with its step. A last line that is not JSON is left
+    """Each record line of a metrics.jsonl with its step (see `_parsed_records`)."""
+    return [(line, record["step"]) for line, record in _parsed_records(path)]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics.jsonl, in order, as dicts (see `_parsed_records`)."""
+    return [record for _, record in _parsed_records(path)]
+
+
+def _parsed_records(path: Path) -> list[tuple[str, dict]]:
+    """Each record line of a metrics.jsonl with its record. A last line that is not JSON is left
     out: the run died while writing it. Any other line that is not a record (hand-edited, or
     damaged) is a UserError naming it, before anything is written."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
@@ -156,7 +166,7 @@ def read_records(path: Path) -> list[tuple[str, int]]:
                 f"{path} line {number} is not a record of this trainer (a JSON object with an integer step): "
                 f"{line.strip()!r:.60} (correct or delete that line, then resume)"
             )
-        records.append((line, record["step"]))
+        records.append((line, record))
     return records
 
 
