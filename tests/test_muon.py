@@ -1,13 +1,14 @@
 """Muon's update (trainer/muon.py): torch.optim.Muon's algorithm, orthogonalised in a chosen dtype
-and batched over matrices of one shape."""
+and batched over matrices of one shape, with torch's coefficients or ones fitted per iteration."""
 
+import numpy as np
 import pytest
 import torch
 from torch.optim._muon import _zeropower_via_newtonschulz
 
-from trainer.muon import Muon, _direct_form, _gram_form, orthogonalise
+from trainer.muon import Muon, _closest_quintic, _direct_form, _gram_form, fitted_coefficients, orthogonalise
 
-COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's, for every iteration
 # two matrices of one shape (stepped as one batch), a tall one and a square one
 SHAPES = [(8, 24), (8, 24), (24, 8), (16, 16)]
 
@@ -41,8 +42,8 @@ def test_float32_orthogonalisation_is_torchs_iteration_without_bfloat16_rounding
     generator = torch.Generator().manual_seed(1)
     for shape in SHAPES:
         update = torch.randn(shape, generator=generator)
-        exact = orthogonalise(update[None].double(), COEFFICIENTS, 5, 1e-7)[0]
-        ours = orthogonalise(update[None], COEFFICIENTS, 5, 1e-7)[0]
+        exact = orthogonalise(update[None].double(), [COEFFICIENTS] * 5, 1e-7)[0]
+        ours = orthogonalise(update[None], [COEFFICIENTS] * 5, 1e-7)[0]
         torchs = _zeropower_via_newtonschulz(update, COEFFICIENTS, 5, 1e-7).float()
         assert ours.dtype == torch.float32
         torch.testing.assert_close(ours.double(), exact, rtol=0, atol=1e-5)
@@ -50,15 +51,20 @@ def test_float32_orthogonalisation_is_torchs_iteration_without_bfloat16_rounding
 
 
 @pytest.mark.parametrize("shape", [(6, 40), (40, 6)], ids=["wide", "tall"])
-@pytest.mark.parametrize("steps", [1, 3, 5])
-def test_gram_form_gives_the_direct_iterations_result(shape, steps):
+@pytest.mark.parametrize(
+    "coefficients",
+    [[COEFFICIENTS], [COEFFICIENTS] * 3, [COEFFICIENTS] * 5, fitted_coefficients(0.003, 3)],
+    ids=["1-step", "3-steps", "5-steps", "3-fitted"],
+)
+def test_gram_form_gives_the_direct_iterations_result(shape, coefficients):
     """The cheaper form for long matrices iterates on the small Gram matrix, multiplying the long
-    matrix only at the end: the same result as torch's iteration, up to float64 rounding."""
+    matrix only at the end: the same result as torch's iteration, up to float64 rounding, with one
+    quintic throughout or another at each iteration."""
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(2, *shape, generator=generator, dtype=torch.float64)
     x = x / x.norm(dim=(-2, -1), keepdim=True)
-    direct = _direct_form(x, COEFFICIENTS, steps)
-    torch.testing.assert_close(_gram_form(x, COEFFICIENTS, steps), direct, rtol=0, atol=1e-12)
+    direct = _direct_form(x, coefficients)
+    torch.testing.assert_close(_gram_form(x, coefficients), direct, rtol=0, atol=1e-12)
     assert (direct - x).abs().max() > 0.1  # the iteration did move the matrix
 
 
@@ -67,7 +73,7 @@ def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
     never in bfloat16, where torch's own iteration is kept as it is."""
     taken = []
 
-    def gram_form(x, coefficients, steps):
+    def gram_form(x, coefficients):
         taken.append(tuple(x.shape[-2:]))
         return x
 
@@ -80,7 +86,7 @@ def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
         ((8, 24), torch.bfloat16),
     ]
     for shape, dtype in cases:
-        orthogonalise(torch.ones(1, *shape, dtype=dtype), COEFFICIENTS, 3, 1e-7)
+        orthogonalise(torch.ones(1, *shape, dtype=dtype), [COEFFICIENTS] * 3, 1e-7)
     assert taken == [(8, 13)]
 
 
@@ -89,9 +95,71 @@ def test_orthogonalised_update_has_singular_values_near_one():
     their sizes (this quintic leaves them between about 0.5 and 1.5, not exactly 1)."""
     generator = torch.Generator().manual_seed(2)
     update = torch.randn(32, 8, generator=generator) @ torch.diag(torch.logspace(-1, 1, 8))
-    singular = torch.linalg.svdvals(orthogonalise(update[None], COEFFICIENTS, 5, 1e-7)[0])
+    singular = torch.linalg.svdvals(orthogonalise(update[None], [COEFFICIENTS] * 5, 1e-7)[0])
     assert singular.min() > 0.5 and singular.max() < 1.5
     assert torch.linalg.svdvals(update).max() / torch.linalg.svdvals(update).min() > 50
+
+
+@pytest.mark.parametrize("low,high", [(1e-4, 1.0), (0.003, 1.0), (0.35, 1.65), (0.9, 1.1)])
+def test_fitted_quintic_is_the_closest_to_one_in_the_worst_case(low, high):
+    """Chebyshev's criterion: an odd quintic (three coefficients) is the minimax fit to 1 over an
+    interval exactly when its error reaches its largest size at four points, alternately above and
+    below. Checked on a dense grid, not with the fit's own points."""
+    (a, b, c), error = _closest_quintic(low, high)
+    x = np.linspace(low, high, 200_001)
+    miss = 1 - (a * x + b * x**3 + c * x**5)
+    assert abs(miss).max() == pytest.approx(error, rel=1e-6)
+    extremes = np.flatnonzero(abs(miss) > error * (1 - 1e-6))
+    signs = [np.sign(miss[i]) for i in extremes]
+    changes = [i for i in range(1, len(signs)) if signs[i] != signs[i - 1]]
+    assert len(changes) == 3  # four alternating extremes
+
+
+def test_fitted_iterations_lift_small_singular_values_torchs_leave_behind():
+    """What fitting each iteration buys: after three iterations every singular value from
+    `smallest` of the norm up sits in the band the fit promises, about [0.35, 1.65] for 0.003, where
+    torch's quintic has lifted the smallest only to about 0.12."""
+    generator = torch.Generator().manual_seed(4)
+    u, _ = torch.linalg.qr(torch.randn(48, 16, generator=generator, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(16, 16, generator=generator, dtype=torch.float64))
+    spread = torch.logspace(0, -2.3, 16, dtype=torch.float64)  # 1 down to 0.005
+    update = (u * spread) @ v.T
+    normalised = spread / spread.norm()
+    assert normalised.min() > 0.003 and normalised.max() < 0.9  # inside the fitted interval [0.003, 1]
+    fitted = torch.linalg.svdvals(orthogonalise(update[None], fitted_coefficients(0.003, 3), 1e-7)[0])
+    torchs = torch.linalg.svdvals(orthogonalise(update[None], [COEFFICIENTS] * 3, 1e-7)[0])
+    assert fitted.min() > 0.34 and fitted.max() < 1.66
+    assert torchs.min() < 0.3
+
+
+@pytest.mark.parametrize("steps", [5, 8, 20])
+def test_fitted_iterations_stay_bounded_in_bfloat16(steps):
+    """bfloat16's rounding can push a singular value just past the interval a quintic was fitted
+    over, where the first quintics climb steeply, and the next iterations amplify the excess:
+    without the fit's 1% of headroom, five iterations left one at 1.35 where float64 gives 1.11."""
+    update = torch.randn(64, 256, generator=torch.Generator().manual_seed(6))
+    coefficients = fitted_coefficients(0.001, steps)
+    exact = torch.linalg.svdvals(orthogonalise(update[None].double(), coefficients, 1e-7)[0])
+    rounded = torch.linalg.svdvals(orthogonalise(update[None].bfloat16(), coefficients, 1e-7)[0].double())
+    assert 0.87 < exact.min() and exact.max() < 1.13  # from 5 iterations on, within 13% of 1
+    assert 0.85 < rounded.min() and rounded.max() < 1.15
+    assert (rounded - exact).abs().max() < 0.05
+
+
+def test_muon_orthogonalises_with_the_fitted_coefficients_when_asked():
+    params = [torch.nn.Parameter(torch.zeros(8, 24)), torch.nn.Parameter(torch.zeros(8, 24))]
+    grads = torch.randn(2, 8, 24, generator=torch.Generator().manual_seed(5))
+    expected = {}
+    for smallest, coefficients in [(0.0, [COEFFICIENTS] * 3), (0.01, fitted_coefficients(0.01, 3))]:
+        for param, grad in zip(params, grads, strict=True):
+            param.data.zero_()
+            param.grad = grad.clone()
+        optimizer = Muon(params, lr=0.1, momentum=0.5, ns_steps=3, ns_dtype=torch.float64, ns_smallest=smallest)
+        optimizer.step()
+        nesterov = (1 - 0.5) * grads + 0.5 * ((1 - 0.5) * grads)  # the first step's momentum is (1 - m) G
+        expected[smallest] = -0.1 * orthogonalise(nesterov.double(), coefficients, 1e-7)
+        torch.testing.assert_close(torch.stack([p.detach() for p in params]).double(), expected[smallest])
+    assert (expected[0.0] - expected[0.01]).abs().max() > 0.01
 
 
 def test_muon_state_is_laid_out_as_torchs():

@@ -8,6 +8,7 @@ from tests.conftest import tiny_config, tiny_model
 from tests.test_trainer import read_metrics, train_losses
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
+from trainer.muon import fitted_coefficients
 from trainer.optim import build_optimizer, lr_at
 
 CPU = torch.device("cpu")
@@ -59,6 +60,22 @@ def test_muon_steps_the_block_matrices_and_adamw_every_other_parameter(architect
         assert ("momentum_buffer" if owner[id(param)] == "muon" else "exp_avg") in state, name
 
 
+def test_muon_orthogonalises_with_the_coefficients_the_config_names(monkeypatch):
+    used = []
+
+    def recording(updates, coefficients, eps):
+        used.append(tuple(coefficients))
+        return updates
+
+    monkeypatch.setattr("trainer.muon.orthogonalise", recording)
+    for smallest, expected in [(0.0, ((3.4445, -4.7750, 2.0315),) * 4), (0.003, fitted_coefficients(0.003, 4))]:
+        used.clear()
+        config = OptimConfig(optimizer="muon", muon_ns_steps=4, muon_ns_smallest=smallest)
+        model = tiny_model()
+        one_step(model, build_optimizer(model, config, CPU))
+        assert used and all(coefficients == expected for coefficients in used)
+
+
 def test_an_untied_output_head_is_stepped_by_adamw():
     model = tiny_model(tie_embeddings=False)
     owner = owners(build_optimizer(model, OptimConfig(optimizer="muon"), CPU))
@@ -92,6 +109,10 @@ def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_min_lr():
         ("--optim.schedule=linear", r"^optim.schedule='linear' is not one of cosine, wsd$"),
         ("--optim.cooldown_frac=0", r"^optim.cooldown_frac=0.0 must be in \(0, 1\]$"),
         ("--optim.muon_ns_steps=0", r"^optim.muon_ns_steps=0 must be between 1 and 99$"),
+        (
+            "--optim.muon_ns_smallest=1",
+            r"^optim.muon_ns_smallest=1.0 must be 0 \(torch's coefficients\) or between 0 and 1$",
+        ),
         ("--optim.muon_lr=-1", r"^optim.muon_lr=-1.0 must be positive$"),
     ],
 )
@@ -109,16 +130,22 @@ def test_wsd_decay_that_would_start_inside_warmup_is_refused():
 MUON_RUN = dict(optim__optimizer="muon", optim__schedule="wsd", train__max_iters=20, train__eval_interval=10)
 
 
-def test_muon_run_trains_and_resumes_bit_exactly(tmp_path, data_dir):
+@pytest.mark.parametrize(
+    "coefficients",
+    [{}, {"optim__muon_ns_steps": 3, "optim__muon_ns_smallest": 0.001}],
+    ids=["torchs", "fitted-as-the-quickstart"],
+)
+def test_muon_run_trains_and_resumes_bit_exactly(tmp_path, data_dir, coefficients):
     """Both optimizers' states are in the checkpoint: stopping at step 10 and resuming gives the
     very same losses as an uninterrupted run."""
-    Trainer(tiny_config(tmp_path / "whole", data_dir, **MUON_RUN)).fit()
-    Trainer(tiny_config(tmp_path / "split", data_dir, **MUON_RUN | {"train__max_iters": 10})).fit()
+    run = MUON_RUN | coefficients
+    Trainer(tiny_config(tmp_path / "whole", data_dir, **run)).fit()
+    Trainer(tiny_config(tmp_path / "split", data_dir, **run | {"train__max_iters": 10})).fit()
     checkpoint = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
     states = checkpoint["optimizer"]["state"]
     assert "momentum_buffer" in states["transformer.h.0.attn.c_attn.weight"]
     assert "exp_avg" in states["transformer.wte.weight"] and "exp_avg" in states["transformer.h.0.ln_1.weight"]
-    resumed = Trainer(tiny_config(tmp_path / "split", data_dir, **MUON_RUN | {"train__init_from": "resume"}))
+    resumed = Trainer(tiny_config(tmp_path / "split", data_dir, **run | {"train__init_from": "resume"}))
     resumed.fit()
     losses = train_losses(tmp_path / "whole")
     assert train_losses(tmp_path / "split") == losses

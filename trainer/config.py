@@ -60,6 +60,7 @@ class OptimConfig:
     muon_momentum: float = 0.95  # muon: decay rate of Muon's (Nesterov) momentum
     muon_weight_decay: float = 0.0  # muon: decoupled weight decay on the matrices Muon updates
     muon_ns_steps: int = 5  # muon: Newton-Schulz iterations that orthogonalise each update
+    muon_ns_smallest: float = 0.0  # muon: 0 = torch's quintic, else one fitted per iteration from this singular value
 
     def __post_init__(self):
         _check_choice(self, "optimizer", OPTIMIZERS)
@@ -83,6 +84,10 @@ class OptimConfig:
             raise ValueError(f"muon_weight_decay={self.muon_weight_decay} must be 0 or more")
         if not 0 < self.muon_ns_steps < 100:  # torch's Muon refuses 100 or more
             raise ValueError(f"muon_ns_steps={self.muon_ns_steps} must be between 1 and 99")
+        if not 0 <= self.muon_ns_smallest < 1:
+            raise ValueError(
+                f"muon_ns_smallest={self.muon_ns_smallest} must be 0 (torch's coefficients) or between 0 and 1"
+            )
         if not 0 < self.cooldown_frac <= 1:
             raise ValueError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
         if self.schedule == "wsd" and self.wsd_decay_start < self.warmup_iters:

@@ -70,6 +70,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
             weight_decay=cfg.muon_weight_decay,
             momentum=cfg.muon_momentum,
             ns_steps=cfg.muon_ns_steps,
+            ns_smallest=cfg.muon_ns_smallest,
         )
         parts.append((muon, cfg.muon_lr / cfg.learning_rate))
     groups = [
