@@ -90,6 +90,9 @@ def _gram_form(x: Tensor, coefficients: Sequence[Quintic]) -> Tensor:
     return product @ x if wide else x @ product
 
 
+_HEADROOM = 1.01  # fitted_coefficients: every iteration but the last evaluates its quintic at x / 1.01
+
+
 @functools.cache
 def fitted_coefficients(smallest: float, steps: int) -> tuple[Quintic, ...]:
     """Coefficients for `steps` iterations, each fitted to the singular values it receives, where torch
@@ -121,9 +124,6 @@ def fitted_coefficients(smallest: float, steps: int) -> tuple[Quintic, ...]:
         # at 1 + e
         low, high = a * low + b * low**3 + c * low**5, 1 + error
     return tuple(fitted)
-
-
-_HEADROOM = 1.01
 
 
 def _closest_quintic(low: float, high: float) -> tuple[Quintic, float]:
@@ -169,11 +169,17 @@ class Muon(torch.optim.Muon):
             for param in group["params"]:
                 if param.grad is not None:
                     by_shape[param.shape].append(param)
+            if self.ns_smallest:
+                coefficients = fitted_coefficients(self.ns_smallest, group["ns_steps"])
+            else:
+                coefficients = (group["ns_coefficients"],) * group["ns_steps"]
             for shape, params in by_shape.items():
-                self._step_same_shape(group, shape, params)
+                self._step_same_shape(group, shape, params, coefficients)
         return loss
 
-    def _step_same_shape(self, group: dict, shape: torch.Size, params: list[Tensor]) -> None:
+    def _step_same_shape(
+        self, group: dict, shape: torch.Size, params: list[Tensor], coefficients: Sequence[Quintic]
+    ) -> None:
         momentum, lr = group["momentum"], group["lr"]
         grads = [param.grad for param in params]
         buffers = []
@@ -185,10 +191,6 @@ class Muon(torch.optim.Muon):
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
         updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
         stacked = torch.stack(updates).to(self.ns_dtype)
-        if self.ns_smallest:
-            coefficients = fitted_coefficients(self.ns_smallest, group["ns_steps"])
-        else:
-            coefficients = [group["ns_coefficients"]] * group["ns_steps"]
         orthogonal = orthogonalise(stacked, coefficients, group["eps"])
         if group["weight_decay"]:
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
