@@ -29,7 +29,6 @@ with model.attn_document_positions is position 0. --export refuses a model with 
 """
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -45,6 +44,7 @@ from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 RUNS_ROOT = Path("out")
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
 SEEDS = 2**64  # a torch generator takes seeds 0 .. 2**64 - 1
+MAX_TEMPERATURE = 100.0  # logits divided by more than this are all within a few hundredths: uniform noise
 
 
 def parse_args() -> argparse.Namespace:
@@ -85,7 +85,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample (default: 500)")
     parser.add_argument(
-        "--temperature", type=float, default=0.8, help="below 1 sharpens, above 1 flattens; 0 is greedy (default: 0.8)"
+        "--temperature",
+        type=float,
+        default=0.8,
+        help=f"below 1 sharpens, above 1 flattens; 0 is greedy; at most {MAX_TEMPERATURE:g} (default: 0.8)",
     )
     parser.add_argument(
         "--top-k", type=int, default=200, help="sample among the k most likely tokens; 0 = all (default: 200)"
@@ -118,12 +121,22 @@ def parse_args() -> argparse.Namespace:
         "(on a CPU the default, eager step over packed linear layers is faster)",
     )
     args = parser.parse_args()
+    if "" in args.stop:
+        raise UserError(
+            "--stop='' is empty: a sample would end before its first character (give the text to end samples "
+            "at, e.g. --stop '\\n\\n', or leave --stop out)"
+        )
     args.stop = [unescape(stop) for stop in args.stop]
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
         ("--max-new-tokens", args.max_new_tokens, args.max_new_tokens >= 1, "1 or more"),
-        ("--temperature", args.temperature, 0 <= args.temperature < math.inf, "0 (greedy) or a finite number above it"),
+        (
+            "--temperature",
+            args.temperature,
+            0 <= args.temperature <= MAX_TEMPERATURE,
+            f"0 (greedy) up to {MAX_TEMPERATURE:g}, beyond which every token is about as likely as any other",
+        ),
         ("--top-k", args.top_k, args.top_k >= 0, "0 (off) or more"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1]"),
     ]

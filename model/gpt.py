@@ -36,10 +36,14 @@ PATTERN_CONFLICTS = {
     ("attn_prefix_lm", "attn_block"): "both let a query see later positions, by different rules",
     ("attn_prefix_lm", "attn_window"): "the window would cut the bidirectional prefix",
     ("attn_prefix_lm", "attn_documents"): "the prefix is the start of the row, which documents cut",
+    ("attn_prefix_lm", "attn_sinks"): "a sink sees only its own past, but the prefix is read both ways",
     ("attn_block", "attn_window"): "the window would cut the blocks",
     ("attn_block", "attn_documents"): "blocks would straddle documents",
+    ("attn_block", "attn_sinks"): "a sink sees only its own past, but a block is read both ways",
     ("attn_sinks", "attn_documents"): "every document would see the first tokens of the row's first document",
 }
+
+MAX_ROPE_BASE = 1e12  # rope_base: beyond every published base; frequencies base^(-2i/head_dim) stay well above 0
 
 # keys that make the model compute something other than GPT-2 when they leave their defaults
 ARCHITECTURE_KEYS = ("pos_emb", "norm", "qk_norm", "mlp", "n_kv_head", "tie_embeddings", "logit_softcap")
@@ -65,7 +69,7 @@ class GPTConfig:
     mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (gated, 2/3 as wide: as many weights)
     n_kv_head: int = 0  # key/value heads, shared by groups of query heads; 0 = n_head, 1 = multi-query
     tie_embeddings: bool = True  # the output head is the token embedding (GPT-2); false: its own, zero-initialised
-    logit_softcap: float = 0.0  # logits become cap * tanh(logits / cap), bounded by +-cap; 0 = off
+    logit_softcap: float = 0.0  # logits become cap * tanh(logits / cap), bounded by +-cap; 0 = off, else >= 1
     # attention pattern (model/masks.py); all off is plain causal attention
     attn_window: int = 0  # sliding window: a query sees the last attn_window positions, itself included; 0 = all
     attn_sinks: int = 0  # the first attn_sinks positions stay visible to all later queries as the window slides
@@ -98,6 +102,11 @@ class GPTConfig:
             )
         if self.rope_base <= 1:
             raise ValueError(f"rope_base={self.rope_base} must be greater than 1")
+        if self.rope_base > MAX_ROPE_BASE:
+            raise ValueError(
+                f"rope_base={self.rope_base} is outside the accepted range (1, {MAX_ROPE_BASE:g}] (long-context "
+                f"models use up to a few times 1e9)"
+            )
         if self.n_kv_head < 0 or (self.n_kv_head > 0 and self.n_head % self.n_kv_head != 0):
             raise ValueError(
                 f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head} "
@@ -105,6 +114,11 @@ class GPTConfig:
             )
         if self.logit_softcap < 0:
             raise ValueError(f"logit_softcap={self.logit_softcap} must be 0 (off) or a positive cap")
+        if 0 < self.logit_softcap < 1:
+            raise ValueError(
+                f"logit_softcap={self.logit_softcap} must be 0 (off) or at least 1: a cap below 1 keeps any two "
+                f"logits within 2 * cap of each other, so no token can be predicted with confidence"
+            )
         self._check_pattern()
 
     def _check_pattern(self) -> None:

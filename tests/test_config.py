@@ -6,7 +6,16 @@ from pathlib import Path
 import pytest
 
 from errors import ConfigError
-from trainer.config import SECTIONS, Config, config_help, config_to_dict, config_to_toml, field_comments, load_config
+from trainer.config import (
+    SECTIONS,
+    Config,
+    config_help,
+    config_to_dict,
+    config_to_toml,
+    field_comments,
+    idle_keys,
+    load_config,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -121,6 +130,83 @@ def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
 def test_invalid_value_names_key_value_and_what_is_accepted(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(None, override)
+
+
+@pytest.mark.parametrize(
+    "key,last_accepted,first_refused,also",
+    [
+        ("train.threads", 1024, 1025, []),
+        ("train.max_iters", 10**12, 10**12 + 1, []),
+        ("train.eval_interval", 10**12, 10**12 + 1, []),
+        ("train.log_interval", 10**12, 10**12 + 1, []),
+        ("optim.lr_decay_iters", 10**12, 10**12 + 1, []),
+        ("train.gradient_accumulation_steps", 10**6, 10**6 + 1, []),
+        ("train.eval_iters", 10**6, 10**6 + 1, []),
+        ("optim.learning_rate", 1.0, 1.5, []),
+        ("optim.learning_rate", 1e-9, 5e-10, ["--optim.min_lr=0"]),
+        ("optim.muon_lr", 1.0, 1.5, []),
+        ("optim.muon_lr", 1e-9, 5e-10, []),
+        ("model.rope_base", 1e12, 2e12, []),
+    ],
+)
+def test_numbers_are_accepted_to_the_end_of_their_range_and_refused_past_it(key, last_accepted, first_refused, also):
+    section, name = key.split(".")
+    assert getattr(getattr(load_config(None, [f"--{key}={last_accepted}", *also]), section), name) == last_accepted
+    with pytest.raises(ConfigError, match=rf"^{re.escape(f'{key}={first_refused}')} .*accepted range"):
+        load_config(None, [f"--{key}={first_refused}", *also])
+
+
+@pytest.mark.parametrize("decay,lr", [("weight_decay", "learning_rate"), ("muon_weight_decay", "muon_lr")])
+def test_weight_decay_that_would_erase_the_weights_in_one_step_is_refused(decay, lr):
+    load_config(None, [f"--optim.{lr}=0.01", f"--optim.{decay}=99"])  # each step keeps 1% of a weight
+    with pytest.raises(ConfigError, match=rf"optim.{decay}=100.0 with {lr}=0.01 would multiply every decayed weight"):
+        load_config(None, [f"--optim.{lr}=0.01", f"--optim.{decay}=100"])
+
+
+def test_logit_cap_below_one_is_refused_and_one_is_accepted():
+    assert load_config(None, ["--model.logit_softcap=1"]).model.logit_softcap == 1.0
+    with pytest.raises(ConfigError, match=r"model.logit_softcap=0.5 must be 0 \(off\) or at least 1"):
+        load_config(None, ["--model.logit_softcap=0.5"])
+
+
+def test_sizes_and_lengths_of_real_runs_are_accepted():
+    gpt2_xl = ["--model.n_layer=48", "--model.n_head=25", "--model.n_embd=1600", "--model.vocab_size=50304"]
+    long_run = ["--train.max_iters=1000000", "--optim.lr_decay_iters=1000000", "--train.eval_iters=10000"]
+    big_machine = ["--data.batch_size=1024", "--train.gradient_accumulation_steps=4096", "--train.threads=512"]
+    modern = ["--model.pos_emb=rope", "--model.rope_base=500000", "--optim.optimizer=muon", "--optim.muon_lr=0.05"]
+    cfg = load_config(None, [*gpt2_xl, *long_run, *big_machine, *modern, "--optim.learning_rate=1e-2"])
+    assert (cfg.model.n_layer, cfg.train.max_iters, cfg.train.threads, cfg.model.rope_base) == (48, 10**6, 512, 5e5)
+
+
+def test_every_shipped_config_loads_without_settings_that_do_nothing():
+    for path in sorted((PROJECT_ROOT / "configs").glob("*.toml")):
+        assert idle_keys(load_config(str(path), [])) is None, path.name
+
+
+def test_settings_that_do_nothing_are_named_in_one_notice():
+    assert idle_keys(Config()) is None
+    # the quickstart switched back to the GPT-2 recipe keeps its muon_*, cooldown_frac and rope_base
+    switched = ["--optim.optimizer=adamw", "--optim.schedule=cosine", "--model.pos_emb=learned"]
+    extra = ["--model.rope_base=500000", "--model.attn_sinks=4", "--model.eot_token=0", "--wandb.project=x"]
+    note = idle_keys(load_config(str(PROJECT_ROOT / "configs" / "shakespeare_char.toml"), [*switched, *extra]))
+    assert note.startswith("these settings do nothing in this run: ") and "\n" not in note
+    for fragment in [
+        "optim.muon_lr=0.015, optim.muon_ns_steps=3, optim.muon_ns_smallest=0.001 (only with optim.optimizer='muon')",
+        "optim.cooldown_frac=0.5 (only with optim.schedule='wsd')",
+        "model.rope_base=500000.0 (only with model.pos_emb='rope')",
+        "model.attn_sinks=4 (only with a model.attn_window below block_size",
+        "model.eot_token=0 (only with model.attn_documents=true)",
+        'wandb.project="x" (only with wandb.enabled=true)',
+    ]:
+        assert fragment in note
+    # a window as long as the context cuts nothing, and sinks beside it keep nothing in view
+    whole = idle_keys(load_config(None, ["--model.block_size=64", "--model.attn_window=64", "--model.attn_sinks=2"]))
+    assert "model.attn_window=64 (only with a value below model.block_size" in whole
+    assert "model.attn_sinks=2 (only with a model.attn_window below block_size" in whole
+    assert (
+        idle_keys(load_config(None, ["--model.block_size=64", "--model.attn_window=63", "--model.attn_sinks=2"]))
+        is None
+    )
 
 
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf"])

@@ -1,6 +1,7 @@
 """Hugging Face GPT-2 interoperability, checked against transformers itself on tiny random models."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
 from model.hf_gpt2 import read_safetensors, write_safetensors
-from tests.conftest import run_script, tiny_config, tiny_model
+from tests.conftest import run_entry_point, run_script, tiny_config, tiny_model
 from trainer.loop import Trainer
 from trainer.pretrained import export_gpt2, model_from_gpt2_dir
 
@@ -159,6 +160,44 @@ def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path
     state = trainer.model.state_dict()
     assert torch.equal(state["transformer.wpe.weight"], loaded.transformer.wpe.weight[:32])
     assert torch.equal(state["transformer.h.1.mlp.c_fc.weight"], loaded.transformer.h[1].mlp.c_fc.weight)
+
+
+def padded_gpt2_dir(directory, vocab_size: int = 50304):
+    """A GPT-2 directory whose vocabulary is padded beyond the tokenizer's 50,257 rows with rows that
+    would win every argmax, were they drawn; returns it and the unpadded model it extends."""
+    model = tiny_model(vocab_size=VOCAB)
+    padded = tiny_model(vocab_size=vocab_size)
+    state = model.state_dict()
+    extra = 50 * torch.randn(vocab_size - VOCAB, model.config.n_embd, generator=torch.Generator().manual_seed(0))
+    wte = torch.cat([state["transformer.wte.weight"], extra])  # (vocab_size, n_embd)
+    padded.load_state_dict(state | {"transformer.wte.weight": wte, "lm_head.weight": wte})
+    export_gpt2(padded, GPT2Tokenizer(), directory)
+    return directory, model
+
+
+def test_a_gpt2_directory_padded_beyond_the_tokenizer_samples_as_the_unpadded_model(tmp_path, monkeypatch, capsys):
+    padded_dir, model = padded_gpt2_dir(tmp_path / "padded")
+    export_gpt2(model, GPT2Tokenizer(), tmp_path / "plain")
+    prompt = "The quick brown fox"
+    loaded, _ = model_from_gpt2_dir(padded_dir, key="--init-from")
+    ids = torch.tensor([GPT2Tokenizer().encode(prompt)])
+    assert loaded(ids)[0][0, -1].argmax() >= VOCAB  # a padding row would win, were it drawn
+    samples = []
+    for directory in (tmp_path / "plain", padded_dir):
+        args = ["--init-from", str(directory), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "8"]
+        assert run_entry_point("sample.py", [*args, "--device", "cpu"], monkeypatch) == 0
+        samples.append(capsys.readouterr().out)
+    assert samples[0] == samples[1] and samples[0].startswith(prompt)
+
+
+def test_fine_tuning_keeps_a_padded_vocabulary_and_its_weights(tmp_path, bpe_data_dir):
+    padded_dir, _ = padded_gpt2_dir(tmp_path / "padded")
+    cfg = tiny_config(tmp_path / "run", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(padded_dir))
+    trainer = Trainer(cfg)
+    loaded, _ = model_from_gpt2_dir(padded_dir, key="--init-from")
+    assert trainer.cfg.model.vocab_size == 50304
+    assert torch.equal(trainer.model.transformer.wte.weight, loaded.transformer.wte.weight)
+    assert math.isfinite(trainer.train_step(1e-4).item())
 
 
 def test_fine_tuning_needs_a_gpt2_bpe_dataset_and_fitting_context(hf_dir, data_dir, bpe_data_dir, tmp_path):

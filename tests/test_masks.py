@@ -202,6 +202,11 @@ def test_plain_causal_patterns_need_no_mask():
         (["--model.attn_block=4", "--model.attn_window=8"], "attn_block=4 cannot be combined with attn_window=8"),
         (["--model.attn_block=4", "--model.attn_documents"], "attn_block=4 cannot be combined with attn_documents"),
         (["--model.attn_sinks=2", "--model.attn_documents"], "attn_sinks=2 cannot be combined with attn_documents"),
+        (
+            ["--model.attn_prefix_lm", "--model.attn_sinks=2"],
+            "attn_prefix_lm=true cannot be combined with attn_sinks=2",
+        ),
+        (["--model.attn_block=4", "--model.attn_sinks=2"], "attn_block=4 cannot be combined with attn_sinks=2"),
     ],
 )
 def test_impossible_patterns_name_the_key_the_value_and_what_is_accepted(override, message):

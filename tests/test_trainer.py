@@ -226,6 +226,31 @@ def test_padded_vocabulary_is_allowed(tmp_path, data_dir):
     assert trainer.model.lm_head.out_features == 128
 
 
+def test_a_token_key_must_name_a_token_of_the_dataset_not_only_of_the_padded_model(tmp_path, data_dir):
+    # id 0 of the character vocabulary is the newline: documents separated by newlines
+    lines = Trainer(tiny_config(tmp_path / "a", data_dir, model__attn_documents=True, model__eot_token=0))
+    assert lines.model.config.eot_token == 0
+    # 100 fits the padded model's 128 rows, but no text of the dataset holds it: no document would ever start
+    padded = tiny_config(
+        tmp_path / "b", data_dir, model__vocab_size=128, model__attn_documents=True, model__eot_token=100
+    )
+    with pytest.raises(
+        UserError, match=r"model.eot_token=100 is not a token of data.dataset='shakespeare_char', whose ids are 0 .. 64"
+    ):
+        Trainer(padded)
+    assert not (tmp_path / "b").exists()
+
+
+def test_the_run_names_its_settings_that_do_nothing_in_one_notice(tmp_path, data_dir, capsys):
+    cfg = tiny_config(tmp_path / "run", data_dir, optim__muon_lr=0.05, optim__muon_ns_steps=3, train__max_iters=1)
+    Trainer(cfg).fit()
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
+    assert notes == [
+        "note: these settings do nothing in this run: optim.muon_lr=0.05, optim.muon_ns_steps=3 "
+        "(only with optim.optimizer='muon')"
+    ]
+
+
 def test_wandb_offline_logs_without_network(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10, wandb__enabled=True, wandb__mode="offline")).fit()

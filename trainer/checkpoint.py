@@ -16,7 +16,7 @@ from data.loader import check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
-from trainer.config import CHECKPOINT_NAME, config_from_dict
+from trainer.config import CHECKPOINT_NAME, check_token_keys, config_from_dict
 from trainer.runtime import check_fits_in_memory
 
 FORMAT_VERSION = 3
@@ -118,7 +118,8 @@ def _check_contents(state: dict, path: Path) -> None:
     if not_tensors:
         raise UserError(f"{path}: the weight {not_tensors[0]!r} is not a tensor ({fix})")
     check_meta(state["dataset"], f"the dataset metadata in {path}", fix)
-    config_from_dict(state["config"], source=str(path))
+    cfg = config_from_dict(state["config"], source=str(path))
+    check_token_keys(cfg.model, state["dataset"]["vocab_size"], f"the dataset {path} was trained on", fix)
 
 
 def check_weights(model: torch.nn.Module, weights: dict, source: str) -> None:

@@ -30,6 +30,14 @@ WANDB_MODES = ("online", "offline")
 RUN_CONFIG_NAME = "config.toml"  # the resolved config in a run directory
 CHECKPOINT_NAME = "ckpt.pt"  # the latest checkpoint in a run directory
 RUN_CONFIG_HEADER = "# the resolved config of the run in this directory, written by train.py\n"
+# upper ends of the accepted ranges: far beyond any real run, they catch a value typed wrong
+MAX_STEPS = 10**12  # optimizer steps (a run of a trillion steps at a millisecond each lasts 30 years)
+MAX_BATCHES = 10**6  # micro-batches in one optimizer step or one evaluation
+MAX_THREADS = 1024  # CPU threads of one process: more than the largest machines have cores
+# learning rates: below MIN_LR an AdamW step (about lr per weight) no longer changes a float32 weight
+# of 0.02 (its spacing there is 2e-9); at 1 or more a step moves every weight by about its own size
+MIN_LR, MAX_LR = 1e-9, 1.0
+LR_RANGE = "below, a step leaves float32 weights as they are; above, it throws them away"
 
 
 @dataclass
@@ -47,7 +55,7 @@ class DataConfig:
 @dataclass
 class OptimConfig:
     optimizer: str = "adamw"  # "adamw", or "muon": Muon for the blocks' weight matrices, AdamW for the rest
-    learning_rate: float = 6e-4  # AdamW's peak LR, reached at the end of warmup
+    learning_rate: float = 6e-4  # AdamW's peak LR, reached at the end of warmup (1e-9 .. 1)
     min_lr: float = 6e-5  # AdamW's LR at the end of the decay, and after it
     schedule: str = "cosine"  # after warmup: "cosine" decay to min_lr, or "wsd" (stable, then linear decay)
     warmup_iters: int = 2000  # steps of linear warmup up to learning_rate
@@ -56,7 +64,7 @@ class OptimConfig:
     weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
     beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
     beta2: float = 0.95  # AdamW decay rate of the squared gradient's running mean
-    muon_lr: float = 0.02  # muon: Muon's peak LR; its schedule is AdamW's times muon_lr / learning_rate
+    muon_lr: float = 0.02  # muon: Muon's peak LR (1e-9 .. 1); its schedule is AdamW's times muon_lr / learning_rate
     muon_momentum: float = 0.95  # muon: decay rate of Muon's (Nesterov) momentum
     muon_weight_decay: float = 0.0  # muon: decoupled weight decay on the matrices Muon updates
     muon_ns_steps: int = 5  # muon: Newton-Schulz iterations that orthogonalise each update
@@ -67,12 +75,14 @@ class OptimConfig:
         _check_choice(self, "schedule", SCHEDULES)
         if self.learning_rate <= 0:
             raise ValueError(f"learning_rate={self.learning_rate} must be positive")
+        _check_range(self, "learning_rate", MIN_LR, MAX_LR, LR_RANGE)
         if not 0 <= self.min_lr <= self.learning_rate:
             raise ValueError(f"min_lr={self.min_lr} must be between 0 and learning_rate={self.learning_rate}")
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters={self.warmup_iters} must be 0 or more")
         if self.lr_decay_iters < self.warmup_iters:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}")
+        _check_range(self, "lr_decay_iters", 0, MAX_STEPS, "steps")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay} must be 0 or more")
         for name in ("beta1", "beta2", "muon_momentum"):
@@ -80,8 +90,17 @@ class OptimConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.muon_lr <= 0:
             raise ValueError(f"muon_lr={self.muon_lr} must be positive")
+        _check_range(self, "muon_lr", MIN_LR, MAX_LR, LR_RANGE)
         if self.muon_weight_decay < 0:
             raise ValueError(f"muon_weight_decay={self.muon_weight_decay} must be 0 or more")
+        # decoupled weight decay multiplies each decayed weight by 1 - lr * decay at every step
+        for decay, lr in (("weight_decay", "learning_rate"), ("muon_weight_decay", "muon_lr")):
+            if getattr(self, decay) * getattr(self, lr) >= 1:
+                raise ValueError(
+                    f"{decay}={getattr(self, decay)} with {lr}={getattr(self, lr)} would multiply every decayed "
+                    f"weight by 1 - {lr} * {decay} = {1 - getattr(self, decay) * getattr(self, lr):.3g} at each "
+                    f"step, erasing or flipping it (keep {decay} below 1 / {lr} = {1 / getattr(self, lr):.3g})"
+                )
         if not 0 < self.muon_ns_steps < 100:  # torch's Muon refuses 100 or more
             raise ValueError(f"muon_ns_steps={self.muon_ns_steps} must be between 1 and 99")
         if not 0 <= self.muon_ns_smallest < 1:
@@ -109,7 +128,7 @@ class TrainConfig:
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
     dtype: str = "auto"  # float32, bfloat16, float16, or auto: bfloat16 on Ampere+ GPUs, float16 before, else float32
     compile: bool = False  # torch.compile the model (slow start, faster steps)
-    threads: int = 0  # CPU threads of each process for torch operators; 0 = torch's default (one per core)
+    threads: int = 0  # CPU threads of each process for torch operators, at most 1024; 0 = torch's default
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
@@ -143,6 +162,11 @@ class TrainConfig:
             raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")
         if self.threads < 0:
             raise ValueError(f"threads={self.threads} must be 0 (torch's default) or positive")
+        _check_range(self, "threads", 0, MAX_THREADS, "0 = torch's default; more threads than cores only slow a run")
+        for name in ("max_iters", "eval_interval", "log_interval"):
+            _check_range(self, name, 1, MAX_STEPS, "steps")
+        for name in ("gradient_accumulation_steps", "eval_iters"):
+            _check_range(self, name, 1, MAX_BATCHES, "batches")
 
 
 @dataclass
@@ -168,10 +192,78 @@ class Config:
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}
 
 
+def _uses_muon(cfg: Config) -> bool:
+    return cfg.optim.optimizer == "muon"
+
+
+# keys that act only under another setting, with a test for it and its name: set away from its
+# default where that setting does not hold, such a key does nothing, and idle_keys names it
+ACTS_ONLY_WITH = {
+    "model.rope_base": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    "model.attn_window": (
+        lambda cfg: cfg.model.attn_window < cfg.model.block_size,
+        "a value below model.block_size: a query never sees more than block_size positions",
+    ),
+    "model.attn_sinks": (
+        lambda cfg: 0 < cfg.model.attn_window < cfg.model.block_size,
+        "a model.attn_window below block_size: a causal query already sees the first positions",
+    ),
+    "model.eot_token": (lambda cfg: cfg.model.attn_documents, "model.attn_documents=true"),
+    "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
+    **{
+        f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
+        for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps", "muon_ns_smallest")
+    },
+    **{
+        f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")
+        for name in ("project", "run_name", "mode")
+    },
+}
+
+
+def idle_keys(cfg: Config) -> str | None:
+    """One line naming the keys set away from their defaults that do nothing in cfg (a config
+    copied from another and switched, say, back to AdamW keeps its muon_* keys), or None."""
+    values, defaults = config_to_dict(cfg), config_to_dict(Config())
+    idle: dict[str, list[str]] = {}  # the setting a key needs -> the keys that need it
+    for key, (acts, needs) in ACTS_ONLY_WITH.items():
+        section, name = key.split(".")
+        value = values[section][name]
+        if value != defaults[section][name] and not acts(cfg):
+            idle.setdefault(needs, []).append(f"{key}={_toml_value(value)}")
+    if not idle:
+        return None
+    return "these settings do nothing in this run: " + "; ".join(
+        f"{', '.join(keys)} (only with {needs})" for needs, keys in idle.items()
+    )
+
+
 def _check_positive(section, name: str) -> None:
     value = getattr(section, name)
     if value <= 0:
         raise ValueError(f"{name}={value} must be a positive integer")
+
+
+def check_token_keys(model: GPTConfig, vocab_size: int, vocabulary: str, fix: str) -> None:
+    """The keys that name a token (model.eot_token) lie inside the vocabulary of vocab_size ids that
+    `vocabulary` describes, once resolved: -1 (none) only where nothing needs a token. fix: what to do."""
+    eot = model.eot_token
+    if model.attn_documents and eot < 0:
+        raise ConfigError(
+            f"model.attn_documents=true needs model.eot_token, the id of the token that separates documents, "
+            f"but it is {eot} ({fix})"
+        )
+    if not -1 <= eot < vocab_size:
+        raise ConfigError(
+            f"model.eot_token={eot} is not a token of {vocabulary}, whose ids are 0 .. {vocab_size - 1} ({fix})"
+        )
+
+
+def _check_range(section, name: str, low: float, high: float, meaning: str) -> None:
+    """The accepted range of a number that has no other bound: its ends, inclusive, are named."""
+    value = getattr(section, name)
+    if not low <= value <= high:
+        raise ValueError(f"{name}={value} is outside the accepted range {low:,} .. {high:,} ({meaning})")
 
 
 def _check_choice(section, name: str, choices: tuple[str, ...]) -> None:
@@ -222,7 +314,10 @@ def config_from_dict(raw: dict, source: str) -> Config:
         _check_section(section, source)
         for key, value in table.items():
             values[section][key] = _check_type(section, key, value, source)
-    return build_config(values)
+    try:
+        return build_config(values)
+    except ConfigError as e:  # name the file: the user never wrote this config
+        raise ConfigError(f"the config in {source} is not accepted: {e}") from None
 
 
 def config_to_dict(cfg: Config) -> dict:

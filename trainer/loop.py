@@ -24,7 +24,9 @@ from trainer.config import (
     RUN_CONFIG_NAME,
     Config,
     TrainConfig,
+    check_token_keys,
     config_to_dict,
+    idle_keys,
     is_run_config,
     run_config_toml,
 )
@@ -76,6 +78,12 @@ class Trainer:
             gpt2_config, pretrained = load_gpt2(Path(train.init_from), key="train.init_from")
             cfg = with_gpt2_shape(cfg, gpt2_config, self.dataset.meta)
         self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
+        check_token_keys(
+            cfg.model,
+            self.dataset.vocab_size,
+            f"data.dataset={cfg.data.dataset!r}",
+            "use one of them, or -1 for its tokenizer's end-of-text token",
+        )
         self.dataset.check_fits(cfg.model.block_size)
         if checkpoint is not None:
             _check_resumable(checkpoint, cfg, self.dataset.meta, self.run_dir)
@@ -430,6 +438,9 @@ class Trainer:
             f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
             f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
         )
+        idle = idle_keys(cfg)
+        if idle is not None:
+            self._print(f"note: {idle}")
         if cfg.train.parallelism == "fsdp" and not world.launched:
             self._print("train.parallelism='fsdp' applies under torchrun; this single process trains the whole model")
         if cfg.train.compile:

@@ -36,9 +36,26 @@ def load_gpt2(path: Path, key: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]
     if not path.is_dir():
         raise UserError(f"{key}={str(path)!r} is not a directory (give a Hugging Face GPT-2 directory)")
     try:
-        return load_gpt2_dir(path)
+        config, state = load_gpt2_dir(path)
     except (ValueError, OSError, pickle.UnpicklingError, struct.error, KeyError) as e:
         raise UserError(f"{key}={str(path)!r} cannot be loaded: {e}") from None
+    _check_gpt2_vocabulary(config, path, key)
+    return config, state
+
+
+def _check_gpt2_vocabulary(config: GPTConfig, path: Path, key: str) -> None:
+    """A GPT-2 directory is read and written with GPT-2's BPE: its vocabulary holds those tokens, and
+    may be padded beyond them (50304 computes faster), as the extra ids are never sampled (sampling
+    draws among the tokenizer's ids) nor trained towards (no data holds them). A smaller vocabulary
+    belongs to another tokenizer."""
+    gpt2_tokens = GPT2Tokenizer().vocab_size
+    if config.vocab_size < gpt2_tokens:
+        raise UserError(
+            f"{key}={str(path)!r} holds a model of vocab_size={config.vocab_size} ({path / 'config.json'}), fewer "
+            f"than the {gpt2_tokens:,} tokens of GPT-2's BPE, the tokenizer of every GPT-2 directory here: it was "
+            f"trained with another tokenizer, which cannot be used (a GPT-2 vocabulary padded beyond "
+            f"{gpt2_tokens:,}, such as 50304, can)"
+        )
 
 
 def model_from_gpt2_dir(path: Path, key: str) -> tuple[GPT, Tokenizer]:
