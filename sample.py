@@ -81,7 +81,8 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="TEXT",
-        help="end a sample just before this text; repeat for several (escapes such as \\n are read)",
+        help="end a sample just before this text, which may not be empty; repeat for several (escapes such as \\n "
+        "are read)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=500, help="tokens to generate per sample (default: 500)")
     parser.add_argument(

@@ -37,6 +37,7 @@ TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # names transformers gives GPT-2'
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
 # the sizes in config.json, and GPT-2 124M's where one is left out
 HF_SIZES = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json keys that name a token, when set
 
 
 def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -124,6 +125,13 @@ def gpt_config_from_hf(hf: dict, source: str) -> GPTConfig:
     for key, value in sizes.items():
         if not _is_count(value) or value == 0:
             raise ValueError(f"{source} sets {key}={value!r}, which is not a positive integer")
+    for key in TOKEN_KEYS:  # one id, or a list of them (newer configs end text at any of several)
+        value = hf.get(key)
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(_is_count(i) and i < sizes["vocab_size"] for i in ids):
+            raise ValueError(
+                f"{source} sets {key}={value!r}, which is not a token id below its vocab_size={sizes['vocab_size']}"
+            )
     n_embd = sizes["n_embd"]
     unsupported = [
         ("activation_function", hf.get("activation_function", "gelu_new") in TANH_GELU, "gelu_new"),
