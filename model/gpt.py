@@ -43,7 +43,7 @@ PATTERN_CONFLICTS = {
     ("attn_sinks", "attn_documents"): "every document would see the first tokens of the row's first document",
 }
 
-MAX_ROPE_BASE = 1e12  # rope_base: beyond every published base; frequencies base^(-2i/head_dim) stay well above 0
+MAX_ROPE_BASE = 1e12  # rope_base's upper end: far beyond the bases in use, it catches a value typed wrong
 
 # keys that make the model compute something other than GPT-2 when they leave their defaults
 ARCHITECTURE_KEYS = ("pos_emb", "norm", "qk_norm", "mlp", "n_kv_head", "tie_embeddings", "logit_softcap")
@@ -104,8 +104,8 @@ class GPTConfig:
             raise ValueError(f"rope_base={self.rope_base} must be greater than 1")
         if self.rope_base > MAX_ROPE_BASE:
             raise ValueError(
-                f"rope_base={self.rope_base} is outside the accepted range (1, {MAX_ROPE_BASE:g}] (long-context "
-                f"models use up to a few times 1e9)"
+                f"rope_base={self.rope_base} is outside the accepted range (1, {MAX_ROPE_BASE:g}] (far beyond the "
+                f"bases in use: 10000 for short contexts, up to about 1e6 and more for long ones)"
             )
         if self.n_kv_head < 0 or (self.n_kv_head > 0 and self.n_head % self.n_kv_head != 0):
             raise ValueError(
