@@ -226,6 +226,7 @@ CATALOGUE = [
     Case("dtype-that-does-not-match-the-data", "train.py", TRAIN, "but meta.json declares vocab_size=65 and dtype uint32: the two do not belong together", widen_token_dtype),
     Case("metadata-of-the-wrong-type", "train.py", TRAIN, "meta.json: vocab_size='65' is not a positive whole number", edit_meta(vocab_size="65")),
     Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
+    Case("folder-with-a-file-not-read", "data/prepare.py", ["--dataset", "corpus", "--tokenizer", "char", "--out", "prepared"], "--dataset='corpus': 1 file(s) in the folder would not be read: B.TXT (only .txt, .jsonl, .json, .parquet files are read", write_files("corpus/a.txt", "corpus/B.TXT")),
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
