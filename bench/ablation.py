@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from data.files import read_text  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
@@ -107,7 +108,7 @@ def main() -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "results.jsonl"
-    done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+    done = [json.loads(line) for line in read_text(results_path).splitlines()] if results_path.exists() else []
     finished = {(r["variant"], r["seed"]) for r in done}
     todo = [(v, s) for s in args.seeds for v in (args.only or VARIANTS) if (v, s) not in finished]
     for variant, seed in todo:
@@ -127,7 +128,7 @@ def main() -> None:
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, todo))
-    results = [json.loads(line) for line in results_path.read_text().splitlines()]
+    results = [json.loads(line) for line in read_text(results_path).splitlines()]
     print("\n".join(table([r for r in results if r["seed"] in args.seeds])))
 
 

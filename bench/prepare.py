@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from data.files import read_text  # noqa: E402
 from data.prepare import CORPUS_DIR, prepare  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
@@ -34,7 +35,7 @@ WORDS_PER_DOCUMENT = (100, 3000)  # uniform range of document lengths, in words
 
 def generated_documents(megabytes: float, seed: int = 0) -> list[str]:
     """About `megabytes` MB of text in documents of sentences of Shakespeare's words."""
-    corpus = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    corpus = read_text(CORPUS_DIR / "tinyshakespeare.txt")
     counts = collections.Counter(re.findall(r"[A-Za-z']+", corpus))
     words = np.array(list(counts))
     frequencies = np.array(list(counts.values()), dtype=np.float64)
@@ -90,7 +91,7 @@ def main() -> None:
         for streaming in (False, True):  # warm-up: imports and first-use costs are not measured
             time_prepare(bundled, work, 1, streaming, 1)
         cases = [
-            ("tinyshakespeare.txt", bundled, [bundled.read_text(encoding="utf-8")], True),
+            ("tinyshakespeare.txt", bundled, [read_text(bundled)], True),
             (f"generated, {args.megabytes:g} MB, {len(documents):,} documents", generated, documents, False),
             (f"generated, {args.megabytes:g} MB, --streaming", generated, documents, True),
         ]

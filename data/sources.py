@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data.files import TEXT_ENCODING
 from errors import UserError
 
 # file suffix -> the `datasets` builder that reads it
@@ -81,7 +82,9 @@ def open_corpus(
     if path.exists():
         files = local_files(path)
         builder = BUILDERS[files[0].suffix]
-        options = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
+        # a .txt file is one document, decoded as every text file here is (a byte-order mark skipped);
+        # the json builder skips the mark itself, and parquet is binary
+        options = {"sample_by": "document", "encoding": TEXT_ENCODING} if builder == "text" else {}
         # datasets reads data_files as glob patterns: escaped, book[1].txt is that file, not book1.txt
         data_files = [glob.escape(str(file)) for file in files]
         with read_errors(spec):

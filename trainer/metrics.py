@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_open
+from data.files import atomic_open, read_text
 from errors import UserError
 from model import GPTConfig
 from trainer.config import WandbConfig
@@ -150,7 +150,7 @@ def _parsed_records(path: Path) -> list[tuple[str, dict]]:
     """Each record line of a metrics.jsonl with its record. A last line that is not JSON is left
     out: the run died while writing it. Any other line that is not a record (hand-edited, or
     damaged) is a UserError naming it, before anything is written."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    lines = read_text(path, errors="replace").splitlines(keepends=True)
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
