@@ -30,7 +30,7 @@ from trainer.pretrained import export_gpt2
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py, sample.py or data/prepare.py
+    script: str  # the entry point: train.py, sample.py, data/prepare.py, plot.py or a bench/ script
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -106,10 +106,15 @@ def widen_token_dtype(workspace: Path) -> None:
     edit_meta(dtype="uint32", train_tokens=meta["train_tokens"] // 2, val_tokens=meta["val_tokens"] // 2)(workspace)
 
 
-def damage_metrics_line(workspace: Path) -> None:
-    path = workspace / "out" / "tiny" / "metrics.jsonl"
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join([lines[0], "{'step': oops\n", *lines[1:]]))
+def insert_metrics_line(text: str) -> Callable[[Path], None]:
+    """out/tiny/metrics.jsonl with text as its second line."""
+
+    def setup(workspace: Path) -> None:
+        path = workspace / "out" / "tiny" / "metrics.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join([lines[0], text + "\n", *lines[1:]]))
+
+    return setup
 
 
 def read_only_folder(relative: str) -> Callable[[Path], None]:
@@ -248,7 +253,8 @@ CATALOGUE = [
     Case("checkpoint-missing-an-entry", "train.py", RESUME, "out/tiny/ckpt.pt lacks its 'optimizer' entry", edit_checkpoint(lambda c: {k: v for k, v in c.items() if k != "optimizer"})),
     Case("checkpoint-entry-of-the-wrong-type", "sample.py", ["--out-dir", "out/tiny"], "out/tiny/ckpt.pt: 'step' is a str, not an integer", edit_checkpoint(lambda c: c | {"step": "ten"})),
     Case("checkpoint-config-edited-to-a-huge-model", "sample.py", ["--out-dir", "out/tiny"], "the 24,000,000,125,000,000,000 float32 parameters of the model that the config in out/tiny/ckpt.pt describes need at least", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=10**9, n_head=1))),
-    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", damage_metrics_line),
+    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
+    Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
     Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),
@@ -265,6 +271,10 @@ CATALOGUE = [
     Case("more-new-tokens-than-memory", "sample.py", ["--max-new-tokens", str(10**14)], f"--max-new-tokens={10**14}: the token ids of 1 sample(s) need at least 800.0 TB"),
     Case("too-many-samples", "sample.py", ["--num-samples", str(10**14)], "asks for more than 1,000,000 samples in one run"),
     Case("seed-beyond-64-bits", "sample.py", ["--seed", str(2**64)], f"--seed={2**64} is not allowed: sample i is drawn with seed + i"),
+    # pictures
+    Case("plot-a-metrics-value-that-is-not-a-number", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss='3.2' is not a number)", insert_metrics_line('{"step": 3, "loss": "3.2"}')),
+    Case("plot-a-metrics-record-without-a-step", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (it has no step)", insert_metrics_line('{"loss": 3.2}')),
+    Case("plot-every-pattern-at-a-tiny-block", "plot.py", ["mask", "--all", "--model.block_size=2", "--size", "2", "--out", "all.png"], "--all --size=2 is too few positions to tell the patterns apart: they differ from 7 on"),
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
