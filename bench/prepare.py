@@ -12,7 +12,6 @@ prepare's time runs from opening the source to the last file written, so it incl
 file through `datasets` (and, without --streaming, its conversion into the datasets cache).
 """
 
-import argparse
 import collections
 import json
 import re
@@ -25,10 +24,12 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from data.files import read_text  # noqa: E402
 from data.prepare import CORPUS_DIR, prepare  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
+from errors import run_cli  # noqa: E402
 
 WORDS_PER_DOCUMENT = (100, 3000)  # uniform range of document lengths, in words
 
@@ -76,10 +77,10 @@ def time_prepare(source: Path, work: Path, threads: int, streaming: bool, repeat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=100, help="size of the generated text (default: 100)")
-    parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each measurement; the fastest counts")
+    parser = BenchArguments(__doc__)
+    parser.add_amount("--megabytes", default=100, help="size of the generated text (default: 100)")
+    parser.add_count("--num-proc", nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
+    parser.add_count("--repeats", default=1, help="runs of each measurement; the fastest counts")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -109,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

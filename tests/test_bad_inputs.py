@@ -275,6 +275,21 @@ CATALOGUE = [
     Case("plot-a-metrics-value-that-is-not-a-number", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss='3.2' is not a number)", insert_metrics_line('{"step": 3, "loss": "3.2"}')),
     Case("plot-a-metrics-record-without-a-step", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (it has no step)", insert_metrics_line('{"loss": 3.2}')),
     Case("plot-every-pattern-at-a-tiny-block", "plot.py", ["mask", "--all", "--model.block_size=2", "--size", "2", "--out", "all.png"], "--all --size=2 is too few positions to tell the patterns apart: they differ from 7 on"),
+    # benchmarks: options checked in one place (bench/arguments.py) before anything is built or timed
+    Case("bench-zero-steps", "bench/train.py", [*TRAIN, "--steps", "0"], "--steps=0 is not allowed (use 1 or more)"),
+    Case("bench-negative-warm-up", "bench/attention.py", ["--warmup", "-1"], "--warmup=-1 is not allowed (use 0 or more)"),
+    Case("bench-word-for-a-number", "bench/train.py", [*TRAIN, "--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    Case("bench-heads-do-not-divide-width", "bench/attention.py", ["--n-embd", "100", "--n-head", "3"], "--n-layer, --n-head, --n-embd and --block-size describe no model: n_embd=100 is not divisible by n_head=3"),
+    Case("bench-unknown-device", "bench/attention.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
+    Case("bench-cuda-without-gpu", "bench/decode.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
+    Case("bench-batch-size-of-zero", "bench/decode.py", ["--batch-sizes", "1", "0"], "--batch-sizes=0 is not allowed (use 1 or more)"),
+    Case("bench-more-positions-than-gpt2", "bench/decode.py", ["--new-tokens", "2000"], "--prompt-len=16 and --new-tokens=2000 make 2016 positions, more than the 1024"),
+    Case("bench-size-not-a-number", "bench/prepare.py", ["--megabytes", "nan"], "--megabytes=nan is not allowed (use a finite number above 0)"),
+    Case("bench-infinite-budget", "bench/budget.py", ["--reference", "tiny.toml", "--candidate", "tiny.toml", "--budget", "inf"], "--budget=inf is not allowed (use a finite number above 0)"),
+    Case("bench-one-round", "bench/budget.py", ["--reference", "tiny.toml", "--candidate", "tiny.toml", "--rounds", "1"], "--rounds=1 is not allowed (use 2 or more)"),
+    Case("bench-zero-jobs", "bench/ablation.py", ["--out-dir", "ablation", "--jobs", "0"], "--jobs=0 is not allowed (use 1 or more)"),
+    Case("bench-seed-beyond-64-bits", "bench/ablation.py", ["--out-dir", "ablation", "--seeds", str(2**64)], f"--seeds={2**64} is not allowed (use -9223372036854775808 to 9223372036854775807)"),
+    Case("bench-zero-stride", "bench/val.py", ["out/tiny", "--stride", "0"], "--stride=0 is not allowed (use 1 or more)"),
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
@@ -407,6 +422,18 @@ def test_a_full_disk_while_exporting_ends_in_one_line_and_leaves_no_partial_file
         "error: the disk is full: free some space (or choose a folder on another disk) and run again"
     ]
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "script", sorted(p.name for p in (PROJECT_ROOT / "bench").glob("*.py") if p.name != "arguments.py")
+)
+def test_every_bench_script_answers_a_bad_option_in_one_line(script, workspace, monkeypatch, capsys):
+    """Each bench/ script parses its options through bench/arguments.py: argparse's own complaints
+    too are one `error:` line, with no usage text, before anything is timed."""
+    code = run_entry_point(f"bench/{script}", ["--no-such-option=1"], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
 
 
 def test_catalogue_is_documented_case_by_case():

@@ -167,7 +167,10 @@ def test_every_accepted_number_of_iterations_stays_finite_and_bounded(smallest, 
         coefficients = [fitted_coefficients(smallest, n) if smallest else [COEFFICIENTS] * n for n in steps]
         results = torch.stack([orthogonalise(updates, c, 1e-7) for c in coefficients]).double()  # (99, 4, rows, cols)
         largest = torch.linalg.matrix_norm(results, ord=2).amax(dim=1)  # (99,)
-        assert largest.isfinite().all(), (shape, [n for n, value in zip(steps, largest) if not value.isfinite()])
+        assert largest.isfinite().all(), (
+            shape,
+            [n for n, value in zip(steps, largest, strict=True) if not value.isfinite()],
+        )
         assert largest.max() < bound, (shape, largest)
 
 

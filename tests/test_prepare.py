@@ -227,7 +227,9 @@ def test_folder_file_that_would_not_be_read_is_named_and_refused(tmp_path):
     (corpus / "Notes.TXT").write_text("loud text")
     (corpus / "more").mkdir()
     (corpus / "more" / "story.text").write_text("more text")
-    with pytest.raises(UserError, match=r"2 file\(s\) in the folder would not be read: Notes.TXT, more/story.text \(only"):
+    with pytest.raises(
+        UserError, match=r"2 file\(s\) in the folder would not be read: Notes.TXT, more/story.text \(only"
+    ):
         local_files(corpus)
     with pytest.raises(UserError, match=r"Notes.TXT'?: .TXT is not one of .txt"):
         local_files(corpus / "Notes.TXT")

@@ -253,7 +253,9 @@ def test_a_record_with_a_value_that_is_not_a_number_is_refused_naming_it(tmp_pat
     a categorical axis, a string val_loss a traceback)."""
     path = tmp_path / "metrics.jsonl"
     path.write_text(f'{{"step": 1, "loss": 4.0}}\n{line}\n{{"step": 3, "loss": 3.8}}\n')
-    with pytest.raises(UserError, match=rf"metrics.jsonl line 2 is not a record of this trainer \({re.escape(problem)}\)"):
+    with pytest.raises(
+        UserError, match=rf"metrics.jsonl line 2 is not a record of this trainer \({re.escape(problem)}\)"
+    ):
         read_records(path)
 
 
