@@ -45,7 +45,18 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "time": "wall time since the run's first record (s)",
 }
 ALLOWED, BLOCKED = "#1f4e79", "#eef2f7"
-PLAIN_CAUSAL = {"attn_window": 0, "attn_sinks": 0, "attn_prefix_lm": False, "attn_block": 0, "attn_documents": False}
+PLAIN_CAUSAL = {
+    "attn_window": 0,
+    "attn_sinks": 0,
+    "attn_prefix_lm": False,
+    "attn_block": 0,
+    "attn_documents": False,
+    "attn_document_positions": False,  # needs attn_documents: reset with it
+}
+# --all: the fewest positions at which every picture differs from the others: from 7 on the default
+# prefix (a third) holds 2 positions (a prefix of 1 is plain causal attention), a document (a third)
+# is longer than the window of 2 somewhere, and a window of 2 after 2 sinks shows a sink outside it
+ALL_MIN_SIZE = 7
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
@@ -59,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     mask.add_argument("--config", help="TOML config file (default: the config defaults)")
     mask.add_argument("--out", required=True, help="PNG file to write")
     mask.add_argument("--size", type=int, default=24, help="positions drawn (default: 24, at most block_size)")
-    mask.add_argument("--all", action="store_true", help="draw every pattern side by side, sized from --size")
+    every = f"draw every pattern side by side, sized from --size (at least {ALL_MIN_SIZE})"
+    mask.add_argument("--all", action="store_true", help=every)
     mask.add_argument("--prefix", type=int, help="prefix-LM: the prefix length drawn (default: a third)")
     mask.add_argument(
         "--documents-at", type=int, nargs="*", help="documents: the positions where documents start (default: thirds)"
@@ -199,6 +211,18 @@ def plot_mask(args: argparse.Namespace, overrides: list[str]) -> None:
     size = args.size
     if not 1 <= size <= model_config.block_size:
         raise UserError(f"--size={size} must be between 1 and model.block_size={model_config.block_size}")
+    if args.all and size < ALL_MIN_SIZE:
+        block = model_config.block_size
+        fewer = (
+            f"; model.block_size={block} holds fewer: draw its one pattern without --all"
+            if block < ALL_MIN_SIZE
+            else ""
+        )
+        raise UserError(
+            f"--all --size={size} is too few positions to tell the patterns apart: they differ from {ALL_MIN_SIZE} on "
+            f"(where the prefix and the documents drawn, a third each, outgrow the window of 2), so use --size "
+            f"{ALL_MIN_SIZE} or more{fewer}"
+        )
     prefix = args.prefix if args.prefix is not None else max(1, size // 3)
     documents_at = args.documents_at if args.documents_at is not None else [size // 3, 2 * size // 3]
     if args.all:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
@@ -151,7 +152,7 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     if args.prompt_file is None:
         return [args.prompt or default]
     try:
-        lines = Path(args.prompt_file).read_text(encoding="utf-8").splitlines()
+        lines = read_text(Path(args.prompt_file)).splitlines()
     except FileNotFoundError:
         raise UserError(f"--prompt-file={args.prompt_file!r} does not exist") from None
     except OSError as e:

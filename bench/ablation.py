@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.arguments import BenchArguments  # noqa: E402
+from data.files import read_text  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
@@ -47,15 +49,14 @@ VARIANTS = {  # name: (config, overrides)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--out-dir", required=True, help="folder for the runs and results.jsonl")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1337], help="train.seed values (default: 1337)")
-    parser.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default: 2)")
+    # a seed as train.seed takes it: a config integer (64 bits), which torch seeds with
+    seeds = dict(minimum=-(2**63), maximum=2**63 - 1, nargs="+", default=[1337])
+    parser.add_count("--seeds", **seeds, help="train.seed values (default: 1337)")
+    parser.add_count("--jobs", default=2, help="runs at a time, one thread each (default: 2)")
     parser.add_argument("--only", nargs="+", choices=VARIANTS, metavar="VARIANT", help="run these variants only")
-    args = parser.parse_args()
-    if args.jobs < 1:
-        raise UserError(f"--jobs={args.jobs} must be 1 or more")
-    return args
+    return parser.parse_args()
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -107,7 +108,7 @@ def main() -> None:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "results.jsonl"
-    done = [json.loads(line) for line in results_path.read_text().splitlines()] if results_path.exists() else []
+    done = [json.loads(line) for line in read_text(results_path).splitlines()] if results_path.exists() else []
     finished = {(r["variant"], r["seed"]) for r in done}
     todo = [(v, s) for s in args.seeds for v in (args.only or VARIANTS) if (v, s) not in finished]
     for variant, seed in todo:
@@ -127,7 +128,7 @@ def main() -> None:
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(one, todo))
-    results = [json.loads(line) for line in results_path.read_text().splitlines()]
+    results = [json.loads(line) for line in read_text(results_path).splitlines()]
     print("\n".join(table([r for r in results if r["seed"] in args.seeds])))
 
 

@@ -22,24 +22,32 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 
 EOT = 0  # the document separator in the random tokens
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    parser.add_argument("--block-size", type=int, default=1024, help="context T (default: 1024)")
-    parser.add_argument("--batch-size", type=int, default=4, help="rows per step (default: 4)")
-    parser.add_argument("--n-layer", type=int, default=4, help="(default: 4)")
-    parser.add_argument("--n-head", type=int, default=4, help="(default: 4)")
-    parser.add_argument("--n-embd", type=int, default=256, help="(default: 256)")
-    parser.add_argument("--vocab-size", type=int, default=4096, help="(default: 4096)")
-    parser.add_argument("--document-length", type=int, default=256, help="mean document length (default: 256)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (default: 5)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
-    return parser.parse_args()
+    parser = BenchArguments(__doc__)
+    parser.add_device()
+    # from 8 on, the window T/8 holds a position at least
+    parser.add_count("--block-size", minimum=8, default=1024, help="context T, 8 or more (default: 1024)")
+    parser.add_count("--batch-size", default=4, help="rows per step (default: 4)")
+    parser.add_count("--n-layer", default=4, help="(default: 4)")
+    parser.add_count("--n-head", default=4, help="(default: 4)")
+    parser.add_count("--n-embd", default=256, help="(default: 256)")
+    parser.add_count("--vocab-size", minimum=2, default=4096, help="(default: 4096; id 0 separates documents)")
+    parser.add_count("--document-length", default=256, help="mean document length (default: 256)")
+    parser.add_count("--steps", default=5, help="timed steps (default: 5)")
+    parser.add_count("--warmup", minimum=0, default=2, help="untimed steps first (default: 2)")
+    args = parser.parse_args()
+    try:
+        model_config(args, {})
+    except ValueError as e:  # a shape the model refuses (n_embd not divisible by n_head)
+        raise UserError(f"--n-layer, --n-head, --n-embd and --block-size describe no model: {e}") from None
+    return args
 
 
 def patterns(block_size: int) -> dict[str, dict]:
@@ -95,7 +103,7 @@ def time_step(args: argparse.Namespace, keys: dict, device: torch.device) -> tup
 
 def main() -> None:
     args = parse_args()
-    device = torch.device(args.device)
+    device = args.device
     T = args.block_size
     tokens_per_step = args.batch_size * T
     print(
@@ -125,4 +133,4 @@ def model_config(args: argparse.Namespace, keys: dict) -> GPTConfig:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -22,7 +22,6 @@ import time
 
 START = time.perf_counter()  # before the imports: they are part of a run's start-up
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
 import statistics  # noqa: E402
@@ -32,23 +31,23 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from bench.train import run_parts, timed, total_seconds  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from errors import run_cli  # noqa: E402
 from trainer.config import TrainConfig, load_config  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--reference", required=True, help="TOML config whose whole run sets the budget")
     parser.add_argument("--candidate", required=True, help="TOML config to fit within the budget")
-    parser.add_argument("--budget", type=float, default=1.10, help="allowed cost over the reference (default: 1.10)")
-    parser.add_argument("--rounds", type=int, default=20, help="rounds, each run's block once per round (default: 20)")
-    parser.add_argument("--block", type=int, default=10, help="optimizer steps per timed block (default: 10)")
+    parser.add_amount("--budget", default=1.10, help="allowed cost over the reference (default: 1.10)")
+    # two rounds at least: a median of one block per run would be one sample of a drifting machine
+    parser.add_count("--rounds", minimum=2, default=20, help="rounds, each run's block once per round (default: 20)")
+    parser.add_count("--block", default=10, help="optimizer steps per timed block (default: 10)")
     args, overrides = parser.parse_known_args()  # --section.key=value, for the candidate
-    if args.rounds < 2 or args.block < 1 or args.budget <= 0:
-        raise UserError("--rounds must be 2 or more, --block 1 or more and --budget positive")
     with tempfile.TemporaryDirectory() as scratch:
         runs = {}
         for name in ("reference", "candidate"):

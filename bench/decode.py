@@ -36,24 +36,35 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
 from model import GPT, PackedLinear, pack_linears, packing_unavailable  # noqa: E402
 from model.generate import generate  # noqa: E402
 from model.hf_gpt2 import gpt_config_from_hf, state_dict_from_hf  # noqa: E402
 from trainer.runtime import DTYPES  # noqa: E402
 
+N_POSITIONS = 1024  # GPT-2's context: transformers' model has no positions past it
+
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--small", action="store_true", help="2 layers, 128 dims, 32 new tokens: a quick check")
-    parser.add_argument("--new-tokens", type=int, help="tokens to generate per row (default: 256, --small: 32)")
-    parser.add_argument("--prompt-len", type=int, default=16, help="prompt tokens per row (default: 16)")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 8], help="(default: 1 8)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
-    parser.add_argument("--repeats", type=int, default=1, help="timed runs per configuration (default: 1)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_count("--new-tokens", help="tokens to generate per row (default: 256, --small: 32)")
+    parser.add_count("--prompt-len", default=16, help="prompt tokens per row (default: 16)")
+    parser.add_count("--batch-sizes", nargs="+", default=[1, 8], help="(default: 1 8)")
+    parser.add_count("--threads", default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_count("--repeats", default=1, help="timed runs per configuration (default: 1)")
+    parser.add_device()
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="both models' dtype (default: float32)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
-    return parser.parse_args()
+    args = parser.parse_args()
+    args.new_tokens = args.new_tokens or (32 if args.small else 256)
+    if args.prompt_len + args.new_tokens > N_POSITIONS:
+        raise UserError(
+            f"--prompt-len={args.prompt_len} and --new-tokens={args.new_tokens} make "
+            f"{args.prompt_len + args.new_tokens} positions, more than the {N_POSITIONS} that transformers' GPT-2 has"
+        )
+    return args
 
 
 def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple[GPT, GPT | None, torch.nn.Module]:
@@ -63,7 +74,7 @@ def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple
 
     shape = dict(n_layer=2, n_head=2, n_embd=128) if small else dict(n_layer=12, n_head=12, n_embd=768)
     torch.manual_seed(0)
-    hf_config = transformers.GPT2Config(n_positions=1024, vocab_size=50257, **shape)
+    hf_config = transformers.GPT2Config(n_positions=N_POSITIONS, vocab_size=50257, **shape)
     reference = transformers.GPT2LMHeadModel(hf_config).eval().to(device=device, dtype=dtype)
     config = gpt_config_from_hf(hf_config.to_dict(), "the benchmark's GPT2Config")
     ours = GPT(config)
@@ -96,8 +107,7 @@ def read_bandwidth(device: torch.device) -> float:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    device, dtype = torch.device(args.device), DTYPES[args.dtype]
-    new_tokens = args.new_tokens or (32 if args.small else 256)
+    device, dtype, new_tokens = args.device, DTYPES[args.dtype], args.new_tokens
     ours, packed, reference = build_models(args.small, device, dtype)
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
@@ -192,4 +202,4 @@ def print_table(rows, new_tokens: int) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

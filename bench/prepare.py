@@ -12,7 +12,6 @@ prepare's time runs from opening the source to the last file written, so it incl
 file through `datasets` (and, without --streaming, its conversion into the datasets cache).
 """
 
-import argparse
 import collections
 import json
 import re
@@ -25,16 +24,19 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
+from data.files import read_text  # noqa: E402
 from data.prepare import CORPUS_DIR, prepare  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
+from errors import run_cli  # noqa: E402
 
 WORDS_PER_DOCUMENT = (100, 3000)  # uniform range of document lengths, in words
 
 
 def generated_documents(megabytes: float, seed: int = 0) -> list[str]:
     """About `megabytes` MB of text in documents of sentences of Shakespeare's words."""
-    corpus = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    corpus = read_text(CORPUS_DIR / "tinyshakespeare.txt")
     counts = collections.Counter(re.findall(r"[A-Za-z']+", corpus))
     words = np.array(list(counts))
     frequencies = np.array(list(counts.values()), dtype=np.float64)
@@ -75,10 +77,10 @@ def time_prepare(source: Path, work: Path, threads: int, streaming: bool, repeat
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=100, help="size of the generated text (default: 100)")
-    parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs of each measurement; the fastest counts")
+    parser = BenchArguments(__doc__)
+    parser.add_amount("--megabytes", default=100, help="size of the generated text (default: 100)")
+    parser.add_count("--num-proc", nargs="+", default=[1, 2], help="thread counts (default: 1 2)")
+    parser.add_count("--repeats", default=1, help="runs of each measurement; the fastest counts")
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,7 +92,7 @@ def main() -> None:
         for streaming in (False, True):  # warm-up: imports and first-use costs are not measured
             time_prepare(bundled, work, 1, streaming, 1)
         cases = [
-            ("tinyshakespeare.txt", bundled, [bundled.read_text(encoding="utf-8")], True),
+            ("tinyshakespeare.txt", bundled, [read_text(bundled)], True),
             (f"generated, {args.megabytes:g} MB, {len(documents):,} documents", generated, documents, False),
             (f"generated, {args.megabytes:g} MB, --streaming", generated, documents, True),
         ]
@@ -108,4 +110,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

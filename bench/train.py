@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
 from trainer.config import TrainConfig, load_config  # noqa: E402
@@ -40,11 +41,11 @@ from trainer.metrics import flops_per_token, gpu_peak_flops  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--config", required=True, help="TOML config file (see configs/)")
-    parser.add_argument("--steps", type=int, default=50, help="timed optimizer steps (default: 50)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first (default: 5)")
-    parser.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest operators of a step")
+    parser.add_count("--steps", default=50, help="timed optimizer steps (default: 50)")
+    parser.add_count("--warmup", minimum=0, default=5, help="untimed steps first (default: 5)")
+    parser.add_count("--profile", minimum=0, default=0, metavar="N", help="print the N costliest operators of a step")
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(args.config, [*overrides, f"--train.out_dir={scratch}/run"])

@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from data.loader import TokenDataset  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
@@ -32,14 +33,11 @@ OBJECTIVE_SEED = 0  # the prefix lengths of a prefix-LM run: the same for every 
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("runs", nargs="+", help="run directories (each with a checkpoint)")
     parser.add_argument("--split", choices=["val", "train"], default="val", help="which split (default: val)")
-    parser.add_argument("--stride", type=int, default=16, help="tokens between window starts (default: 16)")
-    args = parser.parse_args()
-    if args.stride < 1:
-        raise UserError(f"--stride={args.stride} must be 1 or more")
-    return args
+    parser.add_count("--stride", default=16, help="tokens between window starts (default: 16)")
+    return parser.parse_args()
 
 
 @torch.no_grad()

@@ -1,5 +1,5 @@
-"""Writing files so that a crash never leaves a half-written one in place, and locks so that two
-processes never write the same files at once."""
+"""Reading text files one way everywhere, writing files so that a crash never leaves a half-written
+one in place, and locks so that two processes never write the same files at once."""
 
 import fcntl
 import os
@@ -10,6 +10,16 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from errors import UserError
+
+# How every text file the programs read is decoded (configs, prompt files, corpora, meta.json,
+# metrics.jsonl): UTF-8, with a leading byte-order mark, which some Windows editors write, skipped
+# rather than read as the character U+FEFF (a token the corpus does not hold, JSON that does not parse)
+TEXT_ENCODING = "utf-8-sig"
+
+
+def read_text(path: Path, errors: str = "strict") -> str:
+    """A text file's content, decoded as TEXT_ENCODING (errors as for `open`)."""
+    return Path(path).read_text(encoding=TEXT_ENCODING, errors=errors)
 
 
 @contextmanager

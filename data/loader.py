@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from data.files import read_text
 from errors import UserError
 
 SPLITS = ("train", "val")
@@ -93,7 +94,7 @@ def read_meta(directory: Path) -> dict:
             f"python data/prepare.py"
         )
     try:
-        meta = json.loads(meta_path.read_text())
+        meta = json.loads(read_text(meta_path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{meta_path} is not valid JSON ({e}); prepare the dataset again") from None
     return check_meta(meta, str(meta_path), "prepare the dataset again")

@@ -6,7 +6,8 @@
     python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
         --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
 
---dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files,
+--dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files
+(and of no other: a file it would not read is named and refused; hidden ones are skipped),
 or else the name of a Hugging Face hub dataset; all are read through `datasets.load_dataset`
 (data/sources.py). A document is one row (its --text-field) or one whole .txt file.
 

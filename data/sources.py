@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from data.files import TEXT_ENCODING
 from errors import UserError
 
 # file suffix -> the `datasets` builder that reads it
@@ -81,7 +82,9 @@ def open_corpus(
     if path.exists():
         files = local_files(path)
         builder = BUILDERS[files[0].suffix]
-        options = {"sample_by": "document"} if builder == "text" else {}  # a .txt file is one document
+        # a .txt file is one document, decoded as every text file here is (a byte-order mark skipped);
+        # the json builder skips the mark itself, and parquet is binary
+        options = {"sample_by": "document", "encoding": TEXT_ENCODING} if builder == "text" else {}
         # datasets reads data_files as glob patterns: escaped, book[1].txt is that file, not book1.txt
         data_files = [glob.escape(str(file)) for file in files]
         with read_errors(spec):
@@ -110,8 +113,9 @@ def _load(*args, streaming: bool, num_proc: int, **kwargs):
 
 
 def local_files(path: Path) -> list[Path]:
-    """The files to read from a file or a folder (searched recursively, hidden entries skipped),
-    checked: one kind only, none empty, text files UTF-8."""
+    """The files to read from a file or a folder (searched recursively; hidden files and folders,
+    whose names start with a dot, are skipped as `ls` skips them), checked: every file one of
+    BUILDERS' kinds, one kind only, none empty, text files UTF-8."""
     if path.is_file():
         if path.suffix not in BUILDERS:
             raise UserError(
@@ -119,7 +123,9 @@ def local_files(path: Path) -> list[Path]:
             )
         files = [path]
     else:
-        files = sorted(file for file in path.rglob("*") if file.suffix in BUILDERS and _visible_file(file, path))
+        visible = sorted(file for file in path.rglob("*") if _visible_file(file, path))
+        files = [file for file in visible if file.suffix in BUILDERS]
+        _refuse_unread(path, [file for file in visible if file.suffix not in BUILDERS])
         if not files:
             raise UserError(f"--dataset={str(path)!r}: the folder holds no {', '.join(BUILDERS)} files")
         kinds = sorted({file.suffix for file in files})
@@ -131,6 +137,19 @@ def local_files(path: Path) -> list[Path]:
         if BUILDERS[file.suffix] != "parquet":  # parquet strings are UTF-8 by the format's own rules
             check_utf8(file)
     return files
+
+
+def _refuse_unread(folder: Path, unread: list[Path]) -> None:
+    """A folder's file that would not be read is refused, as it is when given alone: an upper-case
+    .TXT, a .text or a README skipped without a word would leave text out of the corpus unseen."""
+    if not unread:
+        return
+    names = [str(file.relative_to(folder)) for file in unread]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise UserError(
+        f"--dataset={str(folder)!r}: {len(names)} file(s) in the folder would not be read: {shown} "
+        f"(only {', '.join(BUILDERS)} files are read: rename them to one of these, or move them out of the folder)"
+    )
 
 
 def _visible_file(file: Path, folder: Path) -> bool:

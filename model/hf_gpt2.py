@@ -34,6 +34,9 @@ SAFETENSORS_DTYPES = {
 }
 CONV1D_WEIGHTS = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")  # names transformers gives GPT-2's tanh-approximated GELU
+# UTF-8 with a leading byte-order mark skipped, as the rest of the project reads text (data/files.py
+# TEXT_ENCODING; model/ imports nothing from there): a config.json saved by a Windows editor still parses
+TEXT_ENCODING = "utf-8-sig"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, and GPT-2's
 # the sizes in config.json, and GPT-2 124M's where one is left out
 HF_SIZES = {"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257}
@@ -229,7 +232,7 @@ def load_gpt2_dir(directory: Path) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
     if not config_path.is_file():
         raise ValueError(f"{directory} has no config.json: it is not a Hugging Face model directory")
     try:
-        hf_config = json.loads(config_path.read_text(encoding="utf-8"))
+        hf_config = json.loads(config_path.read_text(encoding=TEXT_ENCODING))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{config_path} is not valid JSON ({e})") from None
     if not isinstance(hf_config, dict):
@@ -258,7 +261,7 @@ def _read_weights(directory: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 def _shards(index: Path) -> list[Path]:
     """The shard files an index names: files beside it, never anywhere else."""
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = json.loads(index.read_text(encoding=TEXT_ENCODING))["weight_map"]
     except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
         raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)") from None
     if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):

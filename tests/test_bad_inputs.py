@@ -30,7 +30,7 @@ from trainer.pretrained import export_gpt2
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py, sample.py or data/prepare.py
+    script: str  # the entry point: train.py, sample.py, data/prepare.py, plot.py or a bench/ script
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -106,10 +106,15 @@ def widen_token_dtype(workspace: Path) -> None:
     edit_meta(dtype="uint32", train_tokens=meta["train_tokens"] // 2, val_tokens=meta["val_tokens"] // 2)(workspace)
 
 
-def damage_metrics_line(workspace: Path) -> None:
-    path = workspace / "out" / "tiny" / "metrics.jsonl"
-    lines = path.read_text().splitlines(keepends=True)
-    path.write_text("".join([lines[0], "{'step': oops\n", *lines[1:]]))
+def insert_metrics_line(text: str) -> Callable[[Path], None]:
+    """out/tiny/metrics.jsonl with text as its second line."""
+
+    def setup(workspace: Path) -> None:
+        path = workspace / "out" / "tiny" / "metrics.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join([lines[0], text + "\n", *lines[1:]]))
+
+    return setup
 
 
 def read_only_folder(relative: str) -> Callable[[Path], None]:
@@ -236,6 +241,7 @@ CATALOGUE = [
     Case("dtype-that-does-not-match-the-data", "train.py", TRAIN, "but meta.json declares vocab_size=65 and dtype uint32: the two do not belong together", widen_token_dtype),
     Case("metadata-of-the-wrong-type", "train.py", TRAIN, "meta.json: vocab_size='65' is not a positive whole number", edit_meta(vocab_size="65")),
     Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
+    Case("folder-with-a-file-not-read", "data/prepare.py", ["--dataset", "corpus", "--tokenizer", "char", "--out", "prepared"], "--dataset='corpus': 1 file(s) in the folder would not be read: B.TXT (only .txt, .jsonl, .json, .parquet files are read", write_files("corpus/a.txt", "corpus/B.TXT")),
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
@@ -257,10 +263,11 @@ CATALOGUE = [
     Case("checkpoint-missing-an-entry", "train.py", RESUME, "out/tiny/ckpt.pt lacks its 'optimizer' entry", edit_checkpoint(lambda c: {k: v for k, v in c.items() if k != "optimizer"})),
     Case("checkpoint-entry-of-the-wrong-type", "sample.py", ["--out-dir", "out/tiny"], "out/tiny/ckpt.pt: 'step' is a str, not an integer", edit_checkpoint(lambda c: c | {"step": "ten"})),
     Case("checkpoint-config-edited-to-a-huge-model", "sample.py", ["--out-dir", "out/tiny"], "the 24,000,000,125,000,000,000 float32 parameters of the model that the config in out/tiny/ckpt.pt describes need at least", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=10**9, n_head=1))),
-    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", damage_metrics_line),
     Case("checkpoint-token-beyond-its-vocabulary", "sample.py", ["--out-dir", "out/tiny"], "model.eot_token=100 is not a token of the dataset out/tiny/ckpt.pt was trained on, whose ids are 0 .. 64", edit_checkpoint(lambda c: c["config"]["model"].update(attn_documents=True, eot_token=100))),
     Case("checkpoint-documents-without-separator", "sample.py", ["--out-dir", "out/tiny"], "model.attn_documents=true needs model.eot_token, the id of the token that separates documents, but it is -1", edit_checkpoint(lambda c: c["config"]["model"].update(attn_documents=True))),
     Case("checkpoint-config-no-longer-accepted", "sample.py", ["--out-dir", "out/tiny"], "the config in out/tiny/ckpt.pt is not accepted: model.attn_prefix_lm=true cannot be combined with attn_sinks=2", edit_checkpoint(lambda c: c["config"]["model"].update(attn_prefix_lm=True, attn_sinks=2))),
+    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
+    Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
     Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),
@@ -279,6 +286,25 @@ CATALOGUE = [
     Case("seed-beyond-64-bits", "sample.py", ["--seed", str(2**64)], f"--seed={2**64} is not allowed: sample i is drawn with seed + i"),
     Case("empty-stop-text", "sample.py", ["--stop", ""], "--stop='' is empty: a sample would end before its first character"),
     Case("temperature-beyond-range", "sample.py", ["--temperature", "1000"], "--temperature=1000.0 is not allowed (use 0 (greedy) up to 100"),
+    # pictures
+    Case("plot-a-metrics-value-that-is-not-a-number", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss='3.2' is not a number)", insert_metrics_line('{"step": 3, "loss": "3.2"}')),
+    Case("plot-a-metrics-record-without-a-step", "plot.py", ["loss", "out/tiny", "--out", "loss.png"], "out/tiny/metrics.jsonl line 2 is not a record of this trainer (it has no step)", insert_metrics_line('{"loss": 3.2}')),
+    Case("plot-every-pattern-at-a-tiny-block", "plot.py", ["mask", "--all", "--model.block_size=2", "--size", "2", "--out", "all.png"], "--all --size=2 is too few positions to tell the patterns apart: they differ from 7 on"),
+    # benchmarks: options checked in one place (bench/arguments.py) before anything is built or timed
+    Case("bench-zero-steps", "bench/train.py", [*TRAIN, "--steps", "0"], "--steps=0 is not allowed (use 1 or more)"),
+    Case("bench-negative-warm-up", "bench/attention.py", ["--warmup", "-1"], "--warmup=-1 is not allowed (use 0 or more)"),
+    Case("bench-word-for-a-number", "bench/train.py", [*TRAIN, "--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    Case("bench-heads-do-not-divide-width", "bench/attention.py", ["--n-embd", "100", "--n-head", "3"], "--n-layer, --n-head, --n-embd and --block-size describe no model: n_embd=100 is not divisible by n_head=3"),
+    Case("bench-unknown-device", "bench/attention.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
+    Case("bench-cuda-without-gpu", "bench/decode.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
+    Case("bench-batch-size-of-zero", "bench/decode.py", ["--batch-sizes", "1", "0"], "--batch-sizes=0 is not allowed (use 1 or more)"),
+    Case("bench-more-positions-than-gpt2", "bench/decode.py", ["--new-tokens", "2000"], "--prompt-len=16 and --new-tokens=2000 make 2016 positions, more than the 1024"),
+    Case("bench-size-not-a-number", "bench/prepare.py", ["--megabytes", "nan"], "--megabytes=nan is not allowed (use a finite number above 0)"),
+    Case("bench-infinite-budget", "bench/budget.py", ["--reference", "tiny.toml", "--candidate", "tiny.toml", "--budget", "inf"], "--budget=inf is not allowed (use a finite number above 0)"),
+    Case("bench-one-round", "bench/budget.py", ["--reference", "tiny.toml", "--candidate", "tiny.toml", "--rounds", "1"], "--rounds=1 is not allowed (use 2 or more)"),
+    Case("bench-zero-jobs", "bench/ablation.py", ["--out-dir", "ablation", "--jobs", "0"], "--jobs=0 is not allowed (use 1 or more)"),
+    Case("bench-seed-beyond-64-bits", "bench/ablation.py", ["--out-dir", "ablation", "--seeds", str(2**64)], f"--seeds={2**64} is not allowed (use -9223372036854775808 to 9223372036854775807)"),
+    Case("bench-zero-stride", "bench/val.py", ["out/tiny", "--stride", "0"], "--stride=0 is not allowed (use 1 or more)"),
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
@@ -414,6 +440,18 @@ def test_a_full_disk_while_exporting_ends_in_one_line_and_leaves_no_partial_file
         "error: the disk is full: free some space (or choose a folder on another disk) and run again"
     ]
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize(
+    "script", sorted(p.name for p in (PROJECT_ROOT / "bench").glob("*.py") if p.name != "arguments.py")
+)
+def test_every_bench_script_answers_a_bad_option_in_one_line(script, workspace, monkeypatch, capsys):
+    """Each bench/ script parses its options through bench/arguments.py: argparse's own complaints
+    too are one `error:` line, with no usage text, before anything is timed."""
+    code = run_entry_point(f"bench/{script}", ["--no-such-option=1"], monkeypatch)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: "), err
 
 
 def test_catalogue_is_documented_case_by_case():

@@ -46,13 +46,6 @@ def test_bare_boolean_flag_means_true():
     assert cfg.model.bias is False
 
 
-def test_config_file_starting_with_a_byte_order_mark_reads_as_without(tmp_path):
-    text = "[model]\nn_layer = 4\n"
-    with_mark = tmp_path / "bom.toml"
-    with_mark.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
-    assert load_config(str(with_mark), []) == load_config(write(tmp_path, text), [])
-
-
 def test_int_is_accepted_where_a_float_is_expected(tmp_path):
     cfg = load_config(write(tmp_path, "[optim]\nlearning_rate = 1\n"), [])
     assert cfg.optim.learning_rate == 1.0 and isinstance(cfg.optim.learning_rate, float)

@@ -132,7 +132,30 @@ def test_sigterm_is_honoured_whatever_the_log_interval(config, tmp_path):
     assert step >= 1 and f"stopped by SIGTERM at step {step}; checkpoint in" in out
 
 
-def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkeypatch):
+@pytest.mark.slow
+def test_sigterm_during_a_long_evaluation_ends_the_run_within_seconds(config, tmp_path):
+    run_dir = tmp_path / "run"
+    process = start_training(config, "--train.eval_iters=10000000")  # a baseline evaluation of hours
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "config.toml").exists():  # written right before the evaluation at step 0
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+            time.sleep(0.05)
+        time.sleep(1.0)
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+        seconds = time.monotonic() - signalled
+    finally:
+        process.kill()
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert seconds < 15 and "stopped by SIGTERM at step 0; checkpoint in" in out
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 0
+
+
+@pytest.mark.parametrize("during", ["training", "evaluation"])
+def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkeypatch, during):
+    """The steps of training, or the batches of an evaluation: the processes must stop after the same one."""
     clock = types.SimpleNamespace(now=0.0)
     monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     polled = []
@@ -141,20 +164,21 @@ def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkey
         launched = True
 
         def max(self, values, device):  # the all-reduce: here, only this process's values
-            polled.append(step)
+            polled.append(count)
             return values
 
     stop = StopSignals(OneOfSeveralProcesses(), torch.device("cpu"), step=0)
+    requested = stop.requested if during == "training" else stop.during_evaluation().requested
     stopped_at = None
-    for step in range(1, 100):
-        clock.now += 0.1  # 0.1 s per step: an all-reduce every 20 steps
-        if step == 30:
+    for count in range(1, 100):
+        clock.now += 0.1  # 0.1 s per step or batch: an all-reduce every 20
+        if count == 30:
             stop.signal = signal.SIGTERM  # what the handler does
-        if stop.requested(step) is not None:
-            stopped_at = step
+        if requested(count) is not None:
+            stopped_at = count
             break
     assert polled == [1, 21, 41] and loop_module.STOP_POLL_SECONDS == 2.0
-    assert stopped_at == 41  # 1.1 s after the signal
+    assert stopped_at == 41 and stop.agreed == signal.SIGTERM  # 1.1 s after the signal
 
 
 def trainer_with_hook(run_dir, data_dir, after_step) -> Trainer:
@@ -166,16 +190,59 @@ def trainer_with_hook(run_dir, data_dir, after_step) -> Trainer:
     return trainer
 
 
-def test_a_stop_at_an_evaluation_step_still_evaluates(tmp_path, data_dir):
+def evaluated_steps(run_dir) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, lines) if "val_loss" in r]
+
+
+def signal_at_evaluation_batch(trainer: Trainer, step: int, batch: int) -> list[int]:
+    """Raise SIGTERM during the batch-th batch of the evaluation at step; returns the list that
+    grows by one for each evaluation batch of that step."""
+    forward, batches = trainer.forward, []
+
+    def forward_with_signal(*args, **kwargs):
+        if not trainer.model.training and trainer.step == step:
+            batches.append(step)
+            if len(batches) == batch:
+                signal.raise_signal(signal.SIGTERM)
+        return forward(*args, **kwargs)
+
+    trainer.forward = forward_with_signal
+    return batches
+
+
+@pytest.mark.parametrize("step", [0, 10], ids=["baseline", "step-10"])
+def test_a_stop_during_an_evaluation_ends_it_after_the_batch_and_keeps_the_step(tmp_path, data_dir, step):
+    """A preemption's grace period (often 30 s) can be shorter than an evaluation of a large model:
+    the evaluation ends after the batch the signal came in (here 3 of 2 x 50), the checkpoint holds
+    the step, and the resumed run does the evaluation first."""
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, train__eval_iters=50))
+    batches = signal_at_evaluation_batch(trainer, step, batch=3)
+    assert trainer.fit() == signal.SIGTERM
+    assert len(batches) == 3
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == step
+    assert evaluated_steps(run_dir) == [0, 5][: step // 5]
+    resumed = Trainer(
+        tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, train__init_from="resume")
+    )
+    assert resumed.fit() is None
+    assert evaluated_steps(run_dir) == [0, 5, 10, 15, 20]
+
+
+def test_a_stop_at_an_evaluation_step_ends_its_evaluation_at_once(tmp_path, data_dir):
+    """A signal in the step before an evaluation: the evaluation stops after its first batch."""
+
     def signal_at_step_10(trainer, loss):
         if trainer.step == 9:  # the step just taken becomes step 10
             signal.raise_signal(signal.SIGTERM)
         return loss
 
     trainer = trainer_with_hook(tmp_path / "run", data_dir, signal_at_step_10)
+    batches = signal_at_evaluation_batch(trainer, 10, batch=0)  # counts only
     assert trainer.fit() == signal.SIGTERM
-    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert [r["step"] for r in map(json.loads, lines) if "val_loss" in r] == [0, 5, 10]
+    assert len(batches) == 1
+    assert evaluated_steps(tmp_path / "run") == [0, 5]
     assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 10
 
 

@@ -146,6 +146,34 @@ def test_fitted_iterations_stay_bounded_in_bfloat16(steps):
     assert (rounded - exact).abs().max() < 0.05
 
 
+@pytest.mark.parametrize(
+    "smallest,dtype",
+    [(0.0, torch.float32), (0.0, torch.bfloat16), (0.1, torch.float32), (1e-3, torch.float32), (1e-9, torch.float32)],
+    ids=["torchs-float32", "torchs-bfloat16", "fitted-0.1", "fitted-0.001", "fitted-1e-9"],
+)
+def test_every_accepted_number_of_iterations_stays_finite_and_bounded(smallest, dtype):
+    """optim.muon_ns_steps accepts 1 to 99. A gradient of lower rank than its small side (here 2 of 8)
+    gives the Gram form's A zero eigenvalues, which rounding made slightly negative and every step
+    then multiplied by 12 or more: torch's quintic turned to NaN from 12 iterations on. Every count
+    stays finite, wide, tall and square, with every singular value at most 1.2 (torch's quintic,
+    whose largest value on [0, 1.26] is 1.2023) or about 2 (a few fitted iterations: the band
+    [1 - e, 1 + e] of a wide fit)."""
+    generator = torch.Generator().manual_seed(7)
+    bound = 1.21 if smallest == 0 else 2.1
+    for shape in [(8, 40), (40, 8), (16, 16)]:
+        low_rank = torch.randn(2, shape[0], 2, generator=generator) @ torch.randn(2, 2, shape[1], generator=generator)
+        updates = torch.cat([low_rank, torch.randn(1, *shape, generator=generator), torch.zeros(1, *shape)]).to(dtype)
+        steps = range(1, 100)
+        coefficients = [fitted_coefficients(smallest, n) if smallest else [COEFFICIENTS] * n for n in steps]
+        results = torch.stack([orthogonalise(updates, c, 1e-7) for c in coefficients]).double()  # (99, 4, rows, cols)
+        largest = torch.linalg.matrix_norm(results, ord=2).amax(dim=1)  # (99,)
+        assert largest.isfinite().all(), (
+            shape,
+            [n for n, value in zip(steps, largest, strict=True) if not value.isfinite()],
+        )
+        assert largest.max() < bound, (shape, largest)
+
+
 def test_muon_orthogonalises_with_the_fitted_coefficients_when_asked():
     params = [torch.nn.Parameter(torch.zeros(8, 24)), torch.nn.Parameter(torch.zeros(8, 24))]
     grads = torch.randn(2, 8, 24, generator=torch.Generator().manual_seed(5))

@@ -1,6 +1,8 @@
 """plot.py: the pictures are valid PNG files that show the pattern, and the attention weights they
 draw come from the explicit path of attention (exact zeros where blocked, rows summing to 1)."""
 
+import dataclasses
+
 import matplotlib.image
 import numpy as np
 import pytest
@@ -90,3 +92,31 @@ def test_a_picture_file_must_be_png_in_an_existing_folder(tmp_path):
         plot.main(["mask", "--out", str(tmp_path / "mask.jpg")])
     with pytest.raises(UserError, match="does not exist"):
         plot.main(["mask", "--out", str(tmp_path / "missing" / "mask.png")])
+
+
+def every_mask(size: int) -> list[torch.Tensor]:
+    """The --all panels' masks at size positions, with the default prefix and document starts."""
+    plain = dataclasses.replace(tiny_model(50, 16).config, **plot.PLAIN_CAUSAL)
+    configs = [dataclasses.replace(plain, **keys) for keys in plot.every_pattern(size).values()]
+    return [plot.pattern_mask(config, size, max(1, size // 3), [size // 3, 2 * size // 3]) for config in configs]
+
+
+def test_every_pattern_is_drawn_only_where_the_pictures_differ(tmp_path):
+    """--all at a tiny --size drew seven pictures of which several were one, and with a block_size of 1
+    or 2 ended in a ValueError traceback (2 sinks in a context of 1 or 2); ALL_MIN_SIZE is the least
+    size at which the seven differ."""
+    distinct = [len({tuple(mask.flatten().tolist()) for mask in every_mask(size)}) for size in range(1, 13)]
+    assert distinct.index(7) + 1 == plot.ALL_MIN_SIZE == 7 and min(distinct[6:]) == 7
+    for size in (1, 2, 6):
+        with pytest.raises(UserError, match=rf"^--all --size={size} is too few positions .* use --size 7 or more$"):
+            plot.main(["mask", "--all", "--size", str(size), "--out", str(tmp_path / "all.png")])
+    with pytest.raises(UserError, match="; model.block_size=2 holds fewer: draw its one pattern without --all$"):
+        plot.main(["mask", "--all", "--model.block_size=2", "--size", "2", "--out", str(tmp_path / "all.png")])
+    assert not (tmp_path / "all.png").exists()
+
+
+def test_every_pattern_is_drawn_whatever_the_configs_document_positions(tmp_path):
+    """--all resets every pattern key, attn_document_positions with attn_documents (it needs them)."""
+    plot.main(["mask", "--all", "--model.attn_documents", "--model.attn_document_positions", "--model.eot_token=0",
+               "--out", str(tmp_path / "all.png")])  # fmt: skip
+    assert (tmp_path / "all.png").read_bytes().startswith(PNG_SIGNATURE)

@@ -16,7 +16,7 @@ import data.prepare as prepare_module
 import data.sources as sources_module
 from data.loader import TokenDataset
 from data.prepare import CORPUS_DIR, in_val, prepare, split_long
-from data.sources import Corpus, open_corpus
+from data.sources import Corpus, local_files, open_corpus
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, run_script
@@ -214,6 +214,25 @@ def test_folder_of_mixed_file_kinds_is_refused(tmp_path):
     pq.write_table(pa.table({"text": ["x"]}), tmp_path / "corpus" / "more.parquet")
     with pytest.raises(UserError, match=r"corpus mixes .parquet, .txt files"):
         open_corpus(str(tmp_path / "corpus"))
+
+
+def test_folder_file_that_would_not_be_read_is_named_and_refused(tmp_path):
+    """A folder's .TXT, .text or README is refused by name, as the same file alone is, never left out
+    unseen; hidden files (.DS_Store, a .git folder) are skipped."""
+    corpus = write_corpus(tmp_path / "corpus", "txt", DOCUMENTS[:3])
+    (corpus / ".DS_Store").write_bytes(b"\x00")
+    (corpus / ".git").mkdir()
+    (corpus / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    assert len(local_files(corpus)) == 3
+    (corpus / "Notes.TXT").write_text("loud text")
+    (corpus / "more").mkdir()
+    (corpus / "more" / "story.text").write_text("more text")
+    with pytest.raises(
+        UserError, match=r"2 file\(s\) in the folder would not be read: Notes.TXT, more/story.text \(only"
+    ):
+        local_files(corpus)
+    with pytest.raises(UserError, match=r"Notes.TXT'?: .TXT is not one of .txt"):
+        local_files(corpus / "Notes.TXT")
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -257,6 +258,30 @@ def test_wandb_offline_logs_without_network(tmp_path, data_dir):
     offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
     assert len(offline_runs) == 1
     assert any(offline_runs[0].glob("*.wandb"))
+
+
+@pytest.mark.parametrize(
+    "line,problem",
+    [
+        ('{"step": 2, "loss": null}', "loss=None is not a number"),
+        ('{"step": 2, "loss": "3.9"}', "loss='3.9' is not a number"),
+        ('{"step": 2, "time": [1, 2]}', "time=[1, 2] is not a number"),
+        ('{"loss": 3.9}', "it has no step"),
+        ('{"step": true, "loss": 3.9}', "step=True is not a whole number of 0 or more"),
+        ('{"step": 2.0, "loss": 3.9}', "step=2.0 is not a whole number of 0 or more"),
+        ('{"step": -2, "loss": 3.9}', "step=-2 is not a whole number of 0 or more"),
+    ],
+    ids=["null", "string", "list", "no-step", "boolean-step", "float-step", "negative-step"],
+)
+def test_a_record_with_a_value_that_is_not_a_number_is_refused_naming_it(tmp_path, line, problem):
+    """One definition of a record for resuming, plot.py and bench/ (a null loss drew a gap, a string one
+    a categorical axis, a string val_loss a traceback)."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(f'{{"step": 1, "loss": 4.0}}\n{line}\n{{"step": 3, "loss": 3.8}}\n')
+    with pytest.raises(
+        UserError, match=rf"metrics.jsonl line 2 is not a record of this trainer \({re.escape(problem)}\)"
+    ):
+        read_records(path)
 
 
 def test_resumed_log_drops_a_torn_last_line_but_refuses_a_damaged_one(tmp_path):

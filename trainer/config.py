@@ -16,6 +16,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from data.files import TEXT_ENCODING, read_text
 from errors import ConfigError
 from model import GPTConfig
 
@@ -348,7 +349,7 @@ def is_run_config(path: Path) -> bool:
         return False
     if (path.parent / CHECKPOINT_NAME).is_file():
         return True
-    with open(path, encoding="utf-8-sig", errors="replace") as f:
+    with open(path, encoding=TEXT_ENCODING, errors="replace") as f:
         return f.readline() == RUN_CONFIG_HEADER
 
 
@@ -366,8 +367,7 @@ def _toml_value(value: object) -> str:
 
 def _read_toml(path: Path) -> list[tuple[str, str, object]]:
     try:
-        # utf-8-sig: a byte-order mark, which some Windows editors write, is skipped
-        raw = tomllib.loads(path.read_text(encoding="utf-8-sig"))
+        raw = tomllib.loads(read_text(path))
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist (see configs/ for examples)") from None
     except OSError as e:

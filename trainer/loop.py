@@ -31,7 +31,15 @@ from trainer.config import (
     run_config_toml,
 )
 from trainer.distributed import ParallelModel, World
-from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops, read_records
+from trainer.metrics import (
+    METRICS_NAME,
+    MetricsLog,
+    Throughput,
+    flops_per_token,
+    gpu_peak_flops,
+    read_metrics,
+    read_records,
+)
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
@@ -136,8 +144,11 @@ class Trainer:
         )
         try:
             with StopSignals(self.world, self.device, self.step) as stop:
-                if not resumed:
-                    self._evaluate(progress.write)  # the untrained baseline, close to ln(vocab_size)
+                # the untrained baseline (close to ln(vocab_size)), or the evaluation a stop cut short
+                if not resumed or self._evaluation_pending():
+                    if not self._evaluate(progress.write, stop):
+                        self.save()
+                        return self._stopped(stop.agreed)
                 throughput = Throughput(
                     self.tokens_per_step,
                     flops_per_token(cfg.model, self.model.num_params()),
@@ -153,22 +164,18 @@ class Trainer:
                     if logged:
                         self._log_step(loss, lr, throughput, progress)
                     saved = self.step % train.eval_interval == 0 or self.step == train.max_iters
+                    evaluated = True
                     if saved:
-                        self._evaluate(progress.write)
+                        evaluated = self._evaluate(progress.write, stop)
                         self.save()
                         throughput.restart(self.step)  # evaluation time is not training time
-                    signum = stop.requested(self.step)
+                    signum = stop.requested(self.step) if evaluated else stop.agreed
                     if signum is not None:
                         if not logged:
                             self._log_step(loss, lr, throughput, progress)  # a checkpoint holds finite losses only
                         if not saved:
                             self.save()
-                        self._print(
-                            f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
-                            f"{self.run_dir / CHECKPOINT_NAME} (continue with --config "
-                            f"{self.run_dir / 'config.toml'} --train.init_from=resume)"
-                        )
-                        return signum
+                        return self._stopped(signum)
         finally:
             progress.close()
             if self.log is not None:
@@ -204,31 +211,39 @@ class Trainer:
         return total_loss / micro_batches
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float] | None:
         """Mean loss over eval_iters batches of each split (in every process, averaged). The batches
-        are the same at every evaluation (their own fixed seed), so successive values compare like for like."""
+        are the same at every evaluation (their own fixed seed), so successive values compare like for like.
+        With stop, a stop request ends the evaluation after the batch it is agreed on: None."""
         train = self.cfg.train
+        agreement = stop.during_evaluation() if stop is not None else None
+        batches = 0  # over both splits: every process counts the same
         self.model.eval()
-        losses = {}
-        for split in SPLITS:
-            windows = RandomWindows(
-                self.dataset,
-                split,
-                self.cfg.data.batch_size,
-                self.cfg.model.block_size,
-                train.seed + self.world.size + self.world.rank,  # apart from every process's training seed
-                self.device,
-            )
-            objective = Objective(self.cfg.model, train.seed + self.world.size + self.world.rank)
-            total = torch.zeros((), device=self.device)
-            for _ in range(train.eval_iters):
-                x, y, prefix = objective(*windows.next_batch())
-                with autocast(self.device, self.dtype):
-                    _, loss = self.forward(x, y, prefix=prefix)
-                total += loss.float()
-            losses[split] = self.world.mean(total / train.eval_iters).item()
-        self.model.train()
-        return losses
+        try:
+            losses = {}
+            for split in SPLITS:
+                windows = RandomWindows(
+                    self.dataset,
+                    split,
+                    self.cfg.data.batch_size,
+                    self.cfg.model.block_size,
+                    train.seed + self.world.size + self.world.rank,  # apart from every process's training seed
+                    self.device,
+                )
+                objective = Objective(self.cfg.model, train.seed + self.world.size + self.world.rank)
+                total = torch.zeros((), device=self.device)
+                for _ in range(train.eval_iters):
+                    x, y, prefix = objective(*windows.next_batch())
+                    with autocast(self.device, self.dtype):
+                        _, loss = self.forward(x, y, prefix=prefix)
+                    total += loss.float()
+                    batches += 1
+                    if agreement is not None and agreement.requested(batches) is not None:
+                        return None
+                losses[split] = self.world.mean(total / train.eval_iters).item()
+            return losses
+        finally:
+            self.model.train()
 
     def checkpoint_state(self) -> dict:
         """Everything needed to sample from the model or continue the run, as plain data. Every
@@ -291,8 +306,11 @@ class Trainer:
         self._record(record)
         progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
 
-    def _evaluate(self, write) -> None:
-        losses = self.evaluate()
+    def _evaluate(self, write, stop: "StopSignals") -> bool:
+        """Evaluate and record the losses; False if a stop request ended the evaluation first."""
+        losses = self.evaluate(stop)
+        if losses is None:
+            return False
         if not all(math.isfinite(loss) for loss in losses.values()):
             self._diverged(f"the evaluation loss is {losses}")
         record = {"step": self.step}
@@ -307,6 +325,26 @@ class Trainer:
                 f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
                 f"(perplexity {record['val_perplexity']:.2f}, {record['val_bpb']:.4f} bits per byte)"
             )
+        return True
+
+    def _evaluation_pending(self) -> bool:
+        """Whether the checkpoint's step is an evaluation step whose evaluation a stop cut short (its
+        metrics.jsonl holds none), for the resumed run to do first. Rank 0 reads the log; every
+        process learns its answer."""
+        pending = None
+        if self.world.is_main:
+            evaluated = [r for r in read_metrics(self.run_dir / METRICS_NAME) if "val_loss" in r]
+            at_interval = self.step % self.cfg.train.eval_interval == 0
+            pending = at_interval and not any(r["step"] == self.step for r in evaluated)
+        return self.world.gather(pending)[0]
+
+    def _stopped(self, signum: int) -> int:
+        self._print(
+            f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
+            f"{self.run_dir / CHECKPOINT_NAME} (continue with --config "
+            f"{self.run_dir / 'config.toml'} --train.init_from=resume)"
+        )
+        return signum
 
     def _diverged(self, what: str) -> None:
         if self.last_checkpoint_step is None:
@@ -451,22 +489,25 @@ class Trainer:
 
 class StopSignals:
     """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
-    stop: the handler only sets a flag, which the loop reads after every step (`requested`); it then
-    writes a checkpoint and returns. A second Ctrl-C interrupts at once.
+    stop: the handler only sets a flag, which the loop reads after every step (`requested`) and an
+    evaluation after every batch (`during_evaluation`); the run then writes the checkpoint of its
+    last finished step and returns. A second Ctrl-C interrupts at once.
+
+    An evaluation that a stop interrupts is left unfinished (no record): a preemption's grace period
+    (often 30 s) may be shorter than the evaluation of a large model. A resumed run does it first.
 
     A single process reads its own flag, a Python attribute: free. Under torchrun the processes must
-    stop at the same step, and agreeing takes an all-reduce (on CUDA a host sync, which would stall
-    the queue of GPU work if done every step). So they agree about every STOP_POLL_SECONDS: each
-    all-reduce also shares the slowest process's time per step, from which every process computes the
-    same next step to meet at (the next one, while steps take longer than STOP_POLL_SECONDS)."""
+    stop at the same step, or evaluation batch, and agreeing takes an all-reduce (on CUDA a host
+    sync, which would stall the queue of GPU work if done every step). So they agree about every
+    STOP_POLL_SECONDS (`_Agreement`)."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
     def __init__(self, world: World, device: torch.device, step: int):
         self.world, self.device = world, device
         self.signal: int | None = None
-        self.next_poll = self.last_poll = step
-        self.last_poll_time = time.monotonic()
+        self.agreed: int | None = None  # the signal the processes last agreed to stop on
+        self.training = _Agreement(self, step)
 
     def __enter__(self) -> "StopSignals":
         self.previous = {signum: signal.signal(signum, self._request) for signum in self.SIGNALS}
@@ -478,21 +519,44 @@ class StopSignals:
 
     def requested(self, step: int) -> int | None:
         """The signal to stop on after this step (the same in every process), or None to go on."""
-        if not self.world.launched:
-            return self.signal
-        if step < self.next_poll:
-            return None
-        now = time.monotonic()
-        seconds_per_step = (now - self.last_poll_time) / max(step - self.last_poll, 1)
-        signum, seconds_per_step = self.world.max([float(self.signal or 0), seconds_per_step], self.device)
-        self.next_poll = step + max(1, round(STOP_POLL_SECONDS / max(seconds_per_step, 1e-9)))
-        self.last_poll, self.last_poll_time = step, now
-        return int(signum) or None  # SIGTERM wins over SIGINT if processes got different ones
+        return self.training.requested(step)
+
+    def during_evaluation(self) -> "_Agreement":
+        """The agreement for one evaluation: its `requested(batches)` after each batch."""
+        return _Agreement(self, 0)
 
     def _request(self, signum: int, frame) -> None:
         # no printing here: the signal may arrive in the middle of another write to the terminal
         self.signal = signum
         signal.signal(signal.SIGINT, self.previous[signal.SIGINT])
+
+
+class _Agreement:
+    """When the processes under torchrun next share their stop flags, counting steps (or evaluation
+    batches): each all-reduce also shares the slowest process's time per unit, from which every
+    process computes the same next count to meet at, about STOP_POLL_SECONDS later (the next one,
+    while a unit takes longer than that)."""
+
+    def __init__(self, stop: StopSignals, count: int):
+        self.stop = stop
+        self.next_poll = self.last_poll = count
+        self.last_poll_time = time.monotonic()
+
+    def requested(self, count: int) -> int | None:
+        """The signal to stop on after `count` units (the same in every process), or None to go on."""
+        stop = self.stop
+        if not stop.world.launched:
+            stop.agreed = stop.signal
+            return stop.agreed
+        if count < self.next_poll:
+            return None
+        now = time.monotonic()
+        seconds_per_unit = (now - self.last_poll_time) / max(count - self.last_poll, 1)
+        signum, seconds_per_unit = stop.world.max([float(stop.signal or 0), seconds_per_unit], stop.device)
+        self.next_poll = count + max(1, round(STOP_POLL_SECONDS / max(seconds_per_unit, 1e-9)))
+        self.last_poll, self.last_poll_time = count, now
+        stop.agreed = int(signum) or None  # SIGTERM wins over SIGINT if processes got different ones
+        return stop.agreed
 
 
 def _check_accumulation(train: TrainConfig, world_size: int) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_open
+from data.files import atomic_open, read_text
 from errors import UserError
 from model import GPTConfig
 from trainer.config import WandbConfig
@@ -147,10 +147,12 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def _parsed_records(path: Path) -> list[tuple[str, dict]]:
-    """Each record line of a metrics.jsonl with its record. A last line that is not JSON is left
-    out: the run died while writing it. Any other line that is not a record (hand-edited, or
-    damaged) is a UserError naming it, before anything is written."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+    """Each record line of a metrics.jsonl with its record: the one place that says what a record is,
+    for resuming, plot.py and bench/ alike. A last line that is not JSON is left out: the run died
+    while writing it. Any other line that is not a record (hand-edited, or damaged: not JSON, a
+    value that is null, a string or not there) is a UserError naming it, before anything is written
+    or drawn."""
+    lines = read_text(path, errors="replace").splitlines(keepends=True)
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -161,13 +163,29 @@ def _parsed_records(path: Path) -> list[tuple[str, dict]]:
             if number == len(lines):
                 break
             record = None
-        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        problem = _record_problem(record)
+        if problem:
             raise UserError(
-                f"{path} line {number} is not a record of this trainer (a JSON object with an integer step): "
-                f"{line.strip()!r:.60} (correct or delete that line, then resume)"
+                f"{path} line {number} is not a record of this trainer ({problem}): {line.strip()!r:.60} "
+                f"(every record is a JSON object of numbers with a whole-number step; correct or delete that line)"
             )
         records.append((line, record))
     return records
+
+
+def _record_problem(record: object) -> str | None:
+    """What keeps a parsed line from being a record the trainer writes, or None."""
+    if not isinstance(record, dict):
+        return "not a JSON object"
+    if "step" not in record:
+        return "it has no step"
+    for key, value in record.items():
+        # bool is an int subclass in Python, but true is no number of steps or loss
+        if key == "step" and (type(value) is not int or value < 0):
+            return f"step={value!r} is not a whole number of 0 or more"
+        if type(value) not in (int, float):
+            return f"{key}={value!r} is not a number"
+    return None
 
 
 def gpu_peak_flops(device: torch.device) -> float | None:
