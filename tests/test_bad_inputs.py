@@ -263,10 +263,10 @@ CATALOGUE = [
     Case("checkpoint-missing-an-entry", "train.py", RESUME, "out/tiny/ckpt.pt lacks its 'optimizer' entry", edit_checkpoint(lambda c: {k: v for k, v in c.items() if k != "optimizer"})),
     Case("checkpoint-entry-of-the-wrong-type", "sample.py", ["--out-dir", "out/tiny"], "out/tiny/ckpt.pt: 'step' is a str, not an integer", edit_checkpoint(lambda c: c | {"step": "ten"})),
     Case("checkpoint-config-edited-to-a-huge-model", "sample.py", ["--out-dir", "out/tiny"], "the 24,000,000,125,000,000,000 float32 parameters of the model that the config in out/tiny/ckpt.pt describes need at least", edit_checkpoint(lambda c: c["config"]["model"].update(n_embd=10**9, n_head=1))),
+    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
     Case("checkpoint-token-beyond-its-vocabulary", "sample.py", ["--out-dir", "out/tiny"], "model.eot_token=100 is not a token of the dataset out/tiny/ckpt.pt was trained on, whose ids are 0 .. 64", edit_checkpoint(lambda c: c["config"]["model"].update(attn_documents=True, eot_token=100))),
     Case("checkpoint-documents-without-separator", "sample.py", ["--out-dir", "out/tiny"], "model.attn_documents=true needs model.eot_token, the id of the token that separates documents, but it is -1", edit_checkpoint(lambda c: c["config"]["model"].update(attn_documents=True))),
     Case("checkpoint-config-no-longer-accepted", "sample.py", ["--out-dir", "out/tiny"], "the config in out/tiny/ckpt.pt is not accepted: model.attn_prefix_lm=true cannot be combined with attn_sinks=2", edit_checkpoint(lambda c: c["config"]["model"].update(attn_prefix_lm=True, attn_sinks=2))),
-    Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
     Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
