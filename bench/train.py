@@ -109,6 +109,8 @@ def largest_fitting_batch(cfg: Config, batch_sizes: list[int], scratch: Path) ->
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         if fits:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()  # the timed run's peak memory is its own, not the probe's
             print(f"micro-batch: {batch_size} sequences, the largest of {batch_sizes} whose step fits")
             return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size))
     raise UserError(f"--batch-sizes {batch_sizes}: no micro-batch of these sizes fits in the device's memory")
