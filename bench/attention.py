@@ -134,6 +134,17 @@ def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -
     return seconds_per_call(forward_backward, args, device), attention_path(mask)
 
 
+def timed_patterns(time_one, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """time_one(args, keys, device) -> (seconds, path) for each pattern, causal first, as table rows:
+    the pattern's short name and name, its attention path, its seconds and causal's over them."""
+    rows = []
+    for short, (name, keys) in patterns(args.block_size).items():
+        seconds, path = time_one(args, keys, device)
+        baseline = rows[0]["seconds"] if rows else seconds
+        rows.append(dict(pattern=short, name=name, path=path, seconds=seconds, vs_causal=baseline / seconds))
+    return rows
+
+
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
@@ -143,23 +154,18 @@ def main() -> None:
         f"one training step, {args.n_layer} layers x {args.n_head} heads x {args.n_embd} dims, "
         f"batch {args.batch_size} x T = {T}, {device.type}, {args.dtype} ({args.steps} steps after {args.warmup})\n"
     )
-    tables = {"step": [], "attention": [], "cache": []}
+    tables = {"step": timed_patterns(time_step, args, device), "attention": [], "cache": []}
     print("| pattern | attention path | ms/step | tokens/s | vs causal |")
     print("| --- | --- | ---: | ---: | ---: |")
-    for short, (name, keys) in patterns(T).items():
-        seconds, path = time_step(args, keys, device)
-        baseline = tables["step"][0]["seconds"] if tables["step"] else seconds
-        tables["step"].append(dict(pattern=short, path=path, seconds=seconds, vs_causal=baseline / seconds))
-        speed = f"{1000 * seconds:,.0f} | {tokens_per_step / seconds:,.0f} | {baseline / seconds:.2f}x"
-        print(f"| {name} | {path} | {speed} |")
+    for row in tables["step"]:
+        speed = f"{1000 * row['seconds']:,.0f} | {tokens_per_step / row['seconds']:,.0f} | {row['vs_causal']:.2f}x"
+        print(f"| {row['name']} | {row['path']} | {speed} |")
     print(f"\nattention alone, forward and backward, {args.batch_size} x {args.n_head} heads x T = {T}\n")
+    tables["attention"] = timed_patterns(time_attention, args, device)
     print("| pattern | attention path | ms | vs causal |")
     print("| --- | --- | ---: | ---: |")
-    for short, (name, keys) in patterns(T).items():
-        seconds, path = time_attention(args, keys, device)
-        baseline = tables["attention"][0]["seconds"] if tables["attention"] else seconds
-        tables["attention"].append(dict(pattern=short, path=path, seconds=seconds, vs_causal=baseline / seconds))
-        print(f"| {name} | {path} | {1000 * seconds:,.2f} | {baseline / seconds:.2f}x |")
+    for row in tables["attention"]:
+        print(f"| {row['name']} | {row['path']} | {1000 * row['seconds']:,.2f} | {row['vs_causal']:.2f}x |")
     print(f"\nKV cache for decoding {T} tokens, batch {args.batch_size}, float32\n")
     print("| cache | slots per layer | keys + values |")
     print("| --- | ---: | ---: |")

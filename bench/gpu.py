@@ -89,6 +89,15 @@ class PartRun:
     def remaining(self) -> float:
         return self.deadline - time.monotonic()
 
+    def run_for_json(self, argv: list[str], result: Path, figure: str) -> dict | None:
+        """Run a benchmark that writes its figures to result as JSON, and return them; or record
+        figure as having no result (the command failed or ran out of time) and return None."""
+        status, seconds = self.run(argv)
+        if status == 0 and result.exists():
+            return json.loads(result.read_text())
+        self.record(figure, f"no result ({failed(status, seconds)})", "", self.shown(argv))
+        return None
+
     def shown(self, argv: list[str]) -> str:
         """A command as the report shows it: python for this interpreter, SCRATCH for the scratch folder."""
         words = ["python" if word == sys.executable else word for word in argv]
@@ -221,12 +230,10 @@ def gpt2_124m(run: PartRun) -> None:
     else:
         argv += ["--train.dtype=bfloat16", "--train.compile=true", "--train.eval_iters=10", "--steps=30"]
         argv += ["--warmup=5", "--batch-sizes", "128", "96", "64", "48", "32", "24", "16", "8"]
-    status, seconds = run.run(argv)
     command = run.shown(argv)
-    if status != 0 or not result.exists():
-        run.record("GPT-2 124M: tokens/s", f"no result ({failed(status, seconds)})", "", command)
+    speed = run.run_for_json(argv, result, "GPT-2 124M: tokens/s")
+    if speed is None:
         return
-    speed = json.loads(result.read_text())
     shape = f"T={speed['block_size']}, {speed['dtype']}, {'compiled' if speed['compile'] else 'eager'}"
     run.record(f"GPT-2 124M ({shape}): largest micro-batch", str(speed["batch_size"]), "", command)
     run.record("GPT-2 124M: tokens/s", f"{speed['tokens_per_sec']:,.0f}", "", command)
@@ -246,12 +253,10 @@ def flex(run: PartRun) -> None:
     else:
         argv += ["--device=cuda", "--dtype=bfloat16", "--block-size=4096", "--n-layer=12", "--n-head=12"]
         argv += ["--n-embd=768", "--batch-size=4", "--steps=10", "--warmup=3"]
-    status, seconds = run.run(argv)
     command = run.shown(argv)
-    if status != 0 or not result.exists():
-        run.record("attention patterns", f"no result ({failed(status, seconds)})", "", command)
+    tables = run.run_for_json(argv, result, "attention patterns")
+    if tables is None:
         return
-    tables = json.loads(result.read_text())
     for table, what in (("attention", "attention alone, forward and backward"), ("step", "training step")):
         for row in tables[table][1:]:
             goal = ">= 4x" if (table, row["pattern"]) == ("attention", "window") else ""
@@ -267,12 +272,11 @@ def decode(run: PartRun) -> None:
         run.skip("compiled static cache (CUDA graphs)", "no CUDA: CUDA graphs need a GPU", ">= 5,000 tokens/s")
     else:
         argv += ["--device=cuda", "--dtype=bfloat16", "--new-tokens=512", "--repeats=2"]
-    status, seconds = run.run(argv)
     command = run.shown(argv)
-    if status != 0 or not result.exists():
-        run.record("decoding", f"no result ({failed(status, seconds)})", "", command)
+    decoded = run.run_for_json(argv, result, "decoding")
+    if decoded is None:
         return
-    rows = json.loads(result.read_text())["rows"]
+    rows = decoded["rows"]
     reference = next(r for r in rows if r["implementation"].startswith("transformers"))
     for row in rows:
         if row["implementation"] == "matrix products only (floor)":
@@ -316,12 +320,11 @@ def torchrun(run: PartRun) -> None:
             argv = [sys.executable, *argv]
         else:
             argv = [*launch, *argv, f"--train.parallelism={parallelism}"]
-        status, seconds = run.run(argv)
         name = {"single": "plain run", "ddp": f"DDP ({backend})", "fsdp": f"FSDP2 ({backend})"}[parallelism]
-        if status != 0 or not result.exists():
-            run.record(f"baby GPT step, {name}", f"no result ({failed(status, seconds)})", "", run.shown(argv))
+        speed = run.run_for_json(argv, result, f"baby GPT step, {name}")
+        if speed is None:
             continue
-        step_seconds[parallelism] = json.loads(result.read_text())["step_seconds"]
+        step_seconds[parallelism] = speed["step_seconds"]
         value = f"{1000 * step_seconds[parallelism]:.1f} ms"
         if parallelism != "single" and "single" in step_seconds:
             value += f" ({step_seconds[parallelism] / step_seconds['single']:.2f}x the plain run's)"
