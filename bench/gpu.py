@@ -103,17 +103,18 @@ class PartRun:
         words = ["python" if word == sys.executable else word for word in argv]
         return shlex.join(words).replace(str(self.scratch), "SCRATCH")
 
-    def run(self, argv: list[str], limit: float | None = None) -> tuple[int | None, float]:
-        """Run a command from the project's root, its output going to the log, for at most limit
-        seconds (and never past the part's deadline, less a margin for what follows). Returns its
-        exit status (None when it was stopped at the limit) and its seconds."""
-        limit = min(limit or float("inf"), self.remaining() - GRACE_SECONDS)
+    def start(self, argv: list[str]) -> subprocess.Popen:
+        """Start a command from the project's root, its output going to the log."""
         print(f"\n$ {self.shown(argv)}", flush=True)
         # toy sizes run on one thread: a busy CPU's threads would spend the time waiting for each other
         env = os.environ | {"OMP_NUM_THREADS": "1"} if self.smoke else None
+        return subprocess.Popen(argv, cwd=ROOT, env=env)
+
+    def run(self, argv: list[str]) -> tuple[int | None, float]:
+        """Run a command until it ends or the part's deadline comes, less a margin for what follows.
+        Returns its exit status (None when it was stopped at the deadline) and its seconds."""
         start = time.monotonic()
-        process = subprocess.Popen(argv, cwd=ROOT, env=env)
-        status = wait_or_stop(process, max(limit, 1))
+        status = wait_or_stop(self.start(argv), max(self.remaining() - GRACE_SECONDS, 1))
         return status, time.monotonic() - start
 
 
@@ -164,6 +165,7 @@ def environment(run: PartRun) -> None:
 def gpu_tests(run: PartRun) -> None:
     junit = run.scratch / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
+    argv += [f"--basetemp={run.scratch / 'pytest'}"]  # not /tmp/pytest-of-USER, which pytest prunes to 3 runs
     status, seconds = run.run(argv)
     if not junit.exists():
         run.record("pytest -m gpu", f"no result ({failed(status, seconds)})", "all pass", run.shown(argv))
@@ -360,8 +362,7 @@ def kill_and_resume(run: PartRun, launch: list[str], config: str, common: list[s
         run.record(figure, value, goal, run.shown(argv(reference)))
         return
     killed = run.scratch / "resume-killed"
-    print(f"\n$ {run.shown(argv(killed))}  # killed after step {kill_after}", flush=True)
-    process = subprocess.Popen(argv(killed), cwd=ROOT, env=os.environ | {"OMP_NUM_THREADS": "1"} if run.smoke else None)
+    process = run.start(argv(killed))  # killed after step kill_after
     killed_at = kill_after_step(process, killed, kill_after, losses, run.remaining() - 60)
     command = f"{run.shown(argv(killed))}; then again with --train.init_from=resume"
     if killed_at is None:
