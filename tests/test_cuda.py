@@ -113,7 +113,8 @@ def test_logged_mfu_on_cuda_divides_model_flops_by_the_gpus_datasheet_peak(tmp_p
 def test_model_with_each_pattern_trains_on_cuda_as_on_a_cpu(name, monkeypatch):
     """On CUDA a pattern reaches attention as FlexAttention's block mask, on a CPU as SDPA's dense
     mask: the same weights must give the same logits and gradients both ways."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a trainer earlier set it
+    torch._dynamo.reset()  # no FlexAttention kernel compiled while TF32 was allowed
     T = 300  # three blocks of FlexAttention's 128 positions, the last one partial
     cpu_model = tiny_model(VOCAB, block_size=T, **PATTERNS[name]).train()
     cuda_model = copy.deepcopy(cpu_model).cuda()
