@@ -110,22 +110,25 @@ class PartRun:
         env = os.environ | {"OMP_NUM_THREADS": "1"} if self.smoke else None
         return subprocess.Popen(argv, cwd=ROOT, env=env)
 
-    def run(self, argv: list[str]) -> tuple[int | None, float]:
-        """Run a command until it ends or the part's deadline comes, less a margin for what follows.
-        Returns its exit status (None when it was stopped at the deadline) and its seconds."""
+    def run(self, argv: list[str], stop: signal.Signals = signal.SIGTERM) -> tuple[int | None, float]:
+        """Run a command until it ends or the part's deadline comes, less a margin for what follows,
+        then stop it with the signal stop. Returns its exit status (None when it was stopped at the
+        deadline) and its seconds."""
         start = time.monotonic()
-        status = wait_or_stop(self.start(argv), max(self.remaining() - GRACE_SECONDS, 1))
+        status = wait_or_stop(self.start(argv), max(self.remaining() - GRACE_SECONDS, 1), stop=stop)
         return status, time.monotonic() - start
 
 
-def wait_or_stop(process: subprocess.Popen, limit: float, grace: float = GRACE_SECONDS) -> int | None:
-    """Wait for a process for limit seconds; past that, SIGTERM (train.py checkpoints and stops,
-    torchrun stops its workers), then SIGKILL after grace seconds. Returns its exit status, or None
-    if it was stopped."""
+def wait_or_stop(
+    process: subprocess.Popen, limit: float, grace: float = GRACE_SECONDS, stop: signal.Signals = signal.SIGTERM
+) -> int | None:
+    """Wait for a process for limit seconds; past that, send it stop (SIGTERM: train.py checkpoints
+    and stops, torchrun stops its workers; SIGINT: pytest reports the tests it ran), then SIGKILL
+    after grace seconds. Returns its exit status, or None if it was stopped."""
     try:
         return process.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        process.terminate()
+        process.send_signal(stop)
     try:
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
@@ -166,7 +169,7 @@ def gpu_tests(run: PartRun) -> None:
     junit = run.scratch / "junit.xml"
     argv = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}"]
     argv += [f"--basetemp={run.scratch / 'pytest'}"]  # not /tmp/pytest-of-USER, which pytest prunes to 3 runs
-    status, seconds = run.run(argv)
+    status, seconds = run.run(argv, stop=signal.SIGINT)  # pytest's Ctrl-C still writes the report
     if not junit.exists():
         run.record("pytest -m gpu", f"no result ({failed(status, seconds)})", "all pass", run.shown(argv))
         return
@@ -175,6 +178,8 @@ def gpu_tests(run: PartRun) -> None:
     counts = {key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}
     passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
     value = f"{passed} passed, {counts['failures']} failed, {counts['errors']} errors, {counts['skipped']} skipped"
+    if status is None:
+        value += ", then stopped at the time limit (the other tests did not run)"
     run.record("pytest -m gpu", f"{value} in {seconds:.0f} s", "all pass, none skipped (on a GPU)", run.shown(argv))
     broken = [
         f"{case.get('classname')}.{case.get('name')}"
@@ -400,10 +405,10 @@ def kill_after_step(process: subprocess.Popen, run_dir: Path, step: int, losses,
 
 PARTS = [
     Part("environment", 30, "GPU, memory, torch and CUDA versions, the peak FLOP/s of MFU", environment),
-    Part("tests", 240, "pytest -m gpu: every test that needs CUDA", gpu_tests),
+    Part("tests", 300, "pytest -m gpu: every test that needs CUDA", gpu_tests),
     Part(
         "baby_gpt",
-        270,
+        240,
         "configs/shakespeare_char_gpu.toml, a whole run",
         functools.partial(baby_gpt, config="configs/shakespeare_char_gpu.toml"),
     ),  # fmt: skip
@@ -477,7 +482,7 @@ def write_report(out: Path, report: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="folder for report.md, report.json and log.txt")
-    parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: checks the script in a minute")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: checks the script in minutes")
     names = [part.name for part in PARTS]
     parts_help = "parts to run, in this order (default: all): " + "; ".join(
         f"{p.name} ({p.budget} s): {p.summary}" for p in PARTS
@@ -492,6 +497,9 @@ def main() -> None:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.part:
+        # a shell that starts a job in the background ignores SIGINT in it, and so would its children:
+        # pytest, stopped at its time limit by SIGINT, would not write its report
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         part = next(p for p in PARTS if p.name == args.part)
         part.measure(PartRun(args.smoke, args.scratch, args.result, time.monotonic() + args.budget))
         return

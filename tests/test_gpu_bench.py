@@ -72,7 +72,7 @@ def test_part_whose_command_outlives_its_budget_is_stopped_and_reported(tmp_path
     assert result["status"] == "ok"  # the part itself ended in time, with what it could say
     (figure,) = result["figures"]
     assert figure["figure"] == "pytest -m gpu"
-    assert figure["value"].startswith("no result (stopped at its time limit after")
+    assert "stopped at" in figure["value"] and "time limit" in figure["value"]
 
 
 def test_process_that_ignores_sigterm_is_killed_after_the_grace():
