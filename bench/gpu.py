@@ -8,7 +8,7 @@ process of its own with a time limit, the report rewritten after each.
     python bench/gpu.py --out smoke-report --smoke                # every part at toy sizes on a CPU
 
 --out receives three files, and only these: report.md (a table: figure, value, goal, command),
-report.json (the same, with each part's status, time and last lines of output) and log.txt (all
+report.json (the same, with each part's status, time and last 40 lines of output) and log.txt (all
 the parts' output). Runs, checkpoints and prepared data go to a temporary folder (SCRATCH in the
 commands shown), removed at the end. A part that fails or runs out of time leaves the figures it
 had recorded, and the next part starts. Nothing here needs the network, `datasets` or `wandb`: the
@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from errors import UserError, run_cli  # noqa: E402
 
 TARGET_VAL_LOSS = 1.4697  # nanoGPT's baby GPT on character-level Shakespeare, about 3 minutes on an A100
+OUTPUT_TAIL_LINES = 40  # of each part's output, kept in report.json (a traceback, the last progress lines)
 GRACE_SECONDS = 10  # after its time limit, a part (or a command) gets SIGTERM, then this long before SIGKILL
 
 # Toy sizes for --smoke: a model and a run that take seconds on a CPU
@@ -436,6 +437,7 @@ def run_part(name: str, budget: float, scratch: Path, smoke: bool, log, grace: f
     argv += ["--result", str(result_path), *(["--smoke"] if smoke else [])]
     log.write(f"\n===== {name} (budget {budget:.0f} s) =====\n")
     log.flush()
+    offset = log.tell()  # where this part's output starts in the log
     start = time.monotonic()
     process = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -446,7 +448,10 @@ def run_part(name: str, budget: float, scratch: Path, smoke: bool, log, grace: f
     seconds = time.monotonic() - start
     figures = json.loads(result_path.read_text()) if result_path.exists() else []
     state = "ok" if status == 0 else failed(status, seconds)
-    return dict(part=name, budget=budget, seconds=seconds, status=state, figures=figures)
+    with open(log.name, "rb") as output:
+        output.seek(offset)
+        tail = output.read().decode("utf-8", errors="replace").splitlines()[-OUTPUT_TAIL_LINES:]
+    return dict(part=name, budget=budget, seconds=seconds, status=state, figures=figures, output_tail=tail)
 
 
 def stop_group(process: subprocess.Popen, grace: float) -> None:

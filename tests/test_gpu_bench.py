@@ -70,6 +70,8 @@ def test_part_whose_command_outlives_its_budget_is_stopped_and_reported(tmp_path
         result = run_part("tests", 2, tmp_path, smoke=True, log=log, grace=5)
     assert time.monotonic() - start < 2 + 5
     assert result["status"] == "ok"  # the part itself ended in time, with what it could say
+    output = (tmp_path / "log.txt").read_text().splitlines()
+    assert output[-len(result["output_tail"]) :] == result["output_tail"] and len(result["output_tail"]) > 1
     (figure,) = result["figures"]
     assert figure["figure"] == "pytest -m gpu"
     assert "stopped at" in figure["value"] and "time limit" in figure["value"]
