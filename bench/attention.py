@@ -1,19 +1,28 @@
 """Attention patterns at long context: one training step with full causal attention, a sliding window
-of T/8 and document masking, side by side; and the KV cache memory of a sliding window's rolling
-cache against the full cache.
+of T/8 and document masking, side by side; the same for attention alone (forward and backward); and
+the KV cache memory of a sliding window's rolling cache against the full cache.
 
     python bench/attention.py                                 # CPU: T = 1024, a small model
-    python bench/attention.py --device cuda --block-size 4096 --n-layer 12 --n-head 12 --n-embd 768
+    python bench/attention.py --device cuda --dtype bfloat16 --block-size 4096 --n-layer 12 --n-head 12 --n-embd 768
 
 Each pattern trains the same model (random weights, AdamW) on the same random tokens, in which an
 end-of-text token every --document-length tokens on average cuts documents of random lengths; the
 step is timed over --steps steps after --warmup untimed ones. The attention path says how the mask is
 applied: SDPA's fused causal kernel (no mask), SDPA with a dense boolean (B, 1, T, T) mask, or
-FlexAttention with a block mask (CUDA). The cache table gives the bytes of keys and values that
-decoding block_size tokens holds, for a batch of --batch-size rows in float32.
+FlexAttention with a block mask (CUDA). --dtype other than float32 runs the step under autocast.
+
+The second table times attention alone, as the model calls it (model.attention.attention), forward
+and backward, on random (B, H, T, D) queries, keys and values in --dtype with each pattern's mask as
+the model builds it for the same tokens: this is where a window's skipped blocks show, undiluted by
+the rest of the step. The mask is built once, outside the timing.
+
+The cache table gives the bytes of keys and values that decoding block_size tokens holds, for a
+batch of --batch-size rows in float32. --json PATH also writes the three tables as JSON.
 """
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, attention  # noqa: E402
+from trainer.runtime import DTYPES, autocast  # noqa: E402
 
 EOT = 0  # the document separator in the random tokens
 
@@ -42,6 +52,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_count("--document-length", default=256, help="mean document length (default: 256)")
     parser.add_count("--steps", default=5, help="timed steps (default: 5)")
     parser.add_count("--warmup", minimum=0, default=2, help="untimed steps first (default: 2)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="(default: float32)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the tables to this JSON file")
     args = parser.parse_args()
     try:
         model_config(args, {})
@@ -50,11 +62,12 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def patterns(block_size: int) -> dict[str, dict]:
+def patterns(block_size: int) -> dict[str, tuple[str, dict]]:
+    """Each pattern's short name: its name in the tables, and its GPTConfig keys."""
     return {
-        "causal": {},
-        f"window T/8 = {block_size // 8}": {"attn_window": block_size // 8},
-        "documents": {"attn_documents": True, "eot_token": EOT},
+        "causal": ("causal", {}),
+        "window": (f"window T/8 = {block_size // 8}", {"attn_window": block_size // 8}),
+        "documents": ("documents", {"attn_documents": True, "eot_token": EOT}),
     }
 
 
@@ -66,14 +79,32 @@ def random_batch(args: argparse.Namespace, device: torch.device) -> tuple[torch.
     return tokens[:, :-1].to(device), tokens[:, 1:].to(device)
 
 
-def attention_path(model: GPT, x: torch.Tensor) -> str:
-    if model.plain_causal:
-        return "SDPA, fused causal (no mask)"
+def pattern_mask(model: GPT, x: torch.Tensor) -> torch.Tensor | None:
+    """The mask the model gives a training step on x: None (fused causal), dense or a BlockMask."""
     slots = torch.arange(x.size(1), device=x.device)
-    mask = model.attention_mask(x, slots[None], slots, None, None, None)
+    return model.attention_mask(x, slots[None], slots, None, None, None)
+
+
+def attention_path(mask) -> str:
+    if mask is None:
+        return "SDPA, fused causal (no mask)"
     if isinstance(mask, torch.Tensor):
         return f"SDPA, dense bool mask {tuple(mask.shape)}"
     return "FlexAttention, block mask"
+
+
+def seconds_per_call(work, args: argparse.Namespace, device: torch.device) -> float:
+    """Mean seconds of work() over --steps calls after --warmup untimed ones, the device finished."""
+    for _ in range(args.warmup):
+        work()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(args.steps):
+        work()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / args.steps
 
 
 def time_step(args: argparse.Namespace, keys: dict, device: torch.device) -> tuple[float, str]:
@@ -84,21 +115,42 @@ def time_step(args: argparse.Namespace, keys: dict, device: torch.device) -> tup
     x, y = random_batch(args, device)
 
     def step() -> None:
-        _, loss = model(x, y)
+        with autocast(device, DTYPES[args.dtype]):
+            _, loss = model(x, y)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    for _ in range(args.warmup):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(args.steps):
-        step()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / args.steps, attention_path(model, x)
+    return seconds_per_call(step, args, device), attention_path(pattern_mask(model, x))
+
+
+def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -> tuple[float, str]:
+    """Seconds for attention's forward and backward pass alone with one pattern's mask, and its path."""
+    mask_model = GPT(dataclasses.replace(model_config(args, keys), n_layer=1)).to(device).train()  # builds the mask
+    x, _ = random_batch(args, device)
+    mask = pattern_mask(mask_model, x)
+    B, T, H, D = args.batch_size, args.block_size, args.n_head, args.n_embd // args.n_head
+    generator = torch.Generator(device).manual_seed(0)
+    q, k, v, grad = (
+        torch.randn(B, H, T, D, generator=generator, device=device, dtype=DTYPES[args.dtype]) for _ in range(4)
+    )
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+
+    def forward_backward() -> None:
+        attention(q, k, v, mask).backward(grad)
+
+    return seconds_per_call(forward_backward, args, device), attention_path(mask)
+
+
+def timed_patterns(time_one, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """time_one(args, keys, device) -> (seconds, path) for each pattern, causal first, as table rows:
+    the pattern's short name and name, its attention path, its seconds and causal's over them."""
+    rows = []
+    for short, (name, keys) in patterns(args.block_size).items():
+        seconds, path = time_one(args, keys, device)
+        baseline = rows[0]["seconds"] if rows else seconds
+        rows.append(dict(pattern=short, name=name, path=path, seconds=seconds, vs_causal=baseline / seconds))
+    return rows
 
 
 def main() -> None:
@@ -108,23 +160,30 @@ def main() -> None:
     tokens_per_step = args.batch_size * T
     print(
         f"one training step, {args.n_layer} layers x {args.n_head} heads x {args.n_embd} dims, "
-        f"batch {args.batch_size} x T = {T}, {device.type}, float32 ({args.steps} steps after {args.warmup})\n"
+        f"batch {args.batch_size} x T = {T}, {device.type}, {args.dtype} ({args.steps} steps after {args.warmup})\n"
     )
+    tables = {"step": timed_patterns(time_step, args, device), "attention": [], "cache": []}
     print("| pattern | attention path | ms/step | tokens/s | vs causal |")
     print("| --- | --- | ---: | ---: | ---: |")
-    baseline = None
-    for name, keys in patterns(T).items():
-        seconds, path = time_step(args, keys, device)
-        baseline = baseline or seconds
-        speed = f"{1000 * seconds:,.0f} | {tokens_per_step / seconds:,.0f} | {baseline / seconds:.2f}x"
-        print(f"| {name} | {path} | {speed} |")
+    for row in tables["step"]:
+        speed = f"{1000 * row['seconds']:,.0f} | {tokens_per_step / row['seconds']:,.0f} | {row['vs_causal']:.2f}x"
+        print(f"| {row['name']} | {row['path']} | {speed} |")
+    print(f"\nattention alone, forward and backward, {args.batch_size} x {args.n_head} heads x T = {T}\n")
+    tables["attention"] = timed_patterns(time_attention, args, device)
+    print("| pattern | attention path | ms | vs causal |")
+    print("| --- | --- | ---: | ---: |")
+    for row in tables["attention"]:
+        print(f"| {row['name']} | {row['path']} | {1000 * row['seconds']:,.2f} | {row['vs_causal']:.2f}x |")
     print(f"\nKV cache for decoding {T} tokens, batch {args.batch_size}, float32\n")
     print("| cache | slots per layer | keys + values |")
     print("| --- | ---: | ---: |")
     for name, keys in (("full (causal)", {}), (f"rolling, window {T // 8}", {"attn_window": T // 8})):
         cache = GPT(model_config(args, keys)).new_cache(args.batch_size)
         held = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))
+        tables["cache"].append(dict(cache=name, slots=cache.k[0].size(2), bytes=held))
         print(f"| {name} | {cache.k[0].size(2)} | {held / 2**20:,.1f} MiB |")
+    if args.json:
+        args.json.write_text(json.dumps(tables, indent=1))
 
 
 def model_config(args: argparse.Namespace, keys: dict) -> GPTConfig:

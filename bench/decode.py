@@ -2,6 +2,7 @@
 
     python bench/decode.py                  # GPT-2 124M shape, prompt 16, 256 new tokens (the recorded table)
     python bench/decode.py --small          # a tiny model and 32 new tokens: checks the script in seconds
+    python bench/decode.py --device cuda --dtype bfloat16 --batch-sizes 1 --new-tokens 512 --repeats 3
 
 Weights are random (speed does not depend on their values) and shared: transformers' GPT2LMHeadModel
 is built first and its weights are loaded into ours. Both decode greedily for exactly --new-tokens
@@ -21,11 +22,13 @@ The "matrix products only" rows are a floor for a sampler using those products: 
 weight products (4 per block and the output layer), and nothing else, --new-tokens times. Below the
 table, an estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth
 of a sum over a 1 GiB buffer (far larger than the caches). Well-tuned products can read faster than
-that sum does, so compare with the products-only row too.
+that sum does, so compare with the products-only row too. --json PATH also writes the rows and
+the estimate as JSON.
 """
 
 import argparse
 import copy
+import json
 import os
 import platform
 import sys
@@ -57,6 +60,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_device()
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="both models' dtype (default: float32)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the rows to this JSON file")
     args = parser.parse_args()
     args.new_tokens = args.new_tokens or (32 if args.small else 256)
     if args.prompt_len + args.new_tokens > N_POSITIONS:
@@ -98,9 +102,9 @@ def time_call(run, device: torch.device, repeats: int) -> float:
     return best
 
 
-def read_bandwidth(device: torch.device) -> float:
-    """Bytes per second that a sum over a 1 GiB buffer reads (fastest of 5)."""
-    buffer = torch.ones(2**28, device=device)
+def read_bandwidth(device: torch.device, small: bool) -> float:
+    """Bytes per second that a sum over a 1 GiB buffer (64 MiB with --small) reads (fastest of 5)."""
+    buffer = torch.ones(2**24 if small else 2**28, device=device)
     return buffer.numel() * buffer.element_size() / time_call(buffer.sum, device, repeats=5)
 
 
@@ -126,13 +130,17 @@ def main() -> None:
     print_table(rows, new_tokens)
     tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table, if any
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - tables
-    bandwidth = read_bandwidth(device)
+    bandwidth = read_bandwidth(device, args.small)
     bound_ms = 1000 * weight_bytes / bandwidth
     print(
         f"\nMemory bound at batch 1 (estimate): {weight_bytes / 1e6:.0f} MB of weights per step at the "
-        f"{bandwidth / 1e9:.1f} GB/s that a sum over 1 GiB reads = {bound_ms:.1f} ms/token, "
-        f"{1000 / bound_ms:.1f} tokens/s."
+        f"{bandwidth / 1e9:.1f} GB/s that a sum reads = {bound_ms:.1f} ms/token, {1000 / bound_ms:.1f} tokens/s."
     )
+    if args.json:
+        columns = ("implementation", "batch", "cache", "mode", "products", "seconds")
+        records = [dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1]) for row in rows]
+        estimate = dict(weight_bytes=weight_bytes, read_bytes_per_sec=bandwidth, bound_tokens_per_sec=1000 / bound_ms)
+        args.json.write_text(json.dumps(dict(new_tokens=new_tokens, rows=records) | estimate, indent=1))
 
 
 def configurations(

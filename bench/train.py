@@ -6,6 +6,8 @@ is known.
     python bench/train.py --config configs/shakespeare_gpt2.toml --steps 50 --train.device=cuda
     python bench/train.py --config configs/gpt2_124m_owt.toml --data.dataset=shakespeare \
         --train.gradient_accumulation_steps=1 --data.batch_size=16 --profile 15
+    python bench/train.py --config configs/gpt2_124m_owt.toml --data.dataset=shakespeare \
+        --train.gradient_accumulation_steps=1 --batch-sizes 128 96 64 48 32 --json speed.json
     torchrun --standalone --nproc_per_node=1 bench/train.py --config ... --train.parallelism=fsdp
 
 Builds the run exactly as train.py does (same config tree, overrides as --section.key=value), then
@@ -15,7 +17,10 @@ the first step could start. The second table projects a whole run of the config 
 (train.max_iters steps, an evaluation at step 0 and every train.eval_interval steps, a checkpoint
 after each but the first), so it shows where train.py's time would go. Nothing is kept: the run
 directory is a temporary one. MFU uses the same FLOPs-per-token count and GPU peak table as
-metrics.jsonl (trainer/metrics.py). --profile N prints the N operators that took the most device
+metrics.jsonl (trainer/metrics.py). --batch-sizes tries each micro-batch size (data.batch_size), largest
+first, with one uncompiled step, and times the largest whose step fits in the device's memory (an
+uncompiled step holds more than a compiled one, so the compiled run fits too). --json PATH also writes
+the figures as one JSON object (bench/gpu.py reads it). --profile N prints the N operators that took the most device
 (or CPU) time in one more step, from torch.profiler, to show what a step is made of.
 """
 
@@ -24,6 +29,9 @@ import time
 START = time.perf_counter()  # before the imports: they are part of a run's start-up
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -34,10 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
-from errors import run_cli  # noqa: E402
-from trainer.config import TrainConfig, load_config  # noqa: E402
+from errors import UserError, run_cli  # noqa: E402
+from trainer.config import Config, TrainConfig, load_config  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
-from trainer.metrics import flops_per_token, gpu_peak_flops  # noqa: E402
+from trainer.metrics import flops_per_token, total_peak_flops  # noqa: E402
 
 
 def main() -> None:
@@ -46,10 +54,14 @@ def main() -> None:
     parser.add_count("--steps", default=50, help="timed optimizer steps (default: 50)")
     parser.add_count("--warmup", minimum=0, default=5, help="untimed steps first (default: 5)")
     parser.add_count("--profile", minimum=0, default=0, metavar="N", help="print the N costliest operators of a step")
+    parser.add_count("--batch-sizes", nargs="+", metavar="N", help="time the largest of these batch sizes that fits")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to this JSON file")
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(args.config, [*overrides, f"--train.out_dir={scratch}/run"])
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
+        if args.batch_sizes:
+            cfg = largest_fitting_batch(cfg, args.batch_sizes, Path(scratch))
         trainer = Trainer(cfg)
         startup = time.perf_counter() - START
         for _ in range(args.warmup):
@@ -66,9 +78,41 @@ def main() -> None:
             print_profile(trainer, cfg.optim.learning_rate, args.profile)
         trainer.world.stop()
     if trainer.world.is_main:
-        print_speed(args, trainer, step_seconds)
+        figures = speed(args, trainer, step_seconds)
+        print_speed(figures)
         print()
         print_run_time(trainer.cfg.train, startup, step_seconds, evaluation_seconds, checkpoint_seconds)
+        if args.json:
+            times = dict(startup_seconds=startup, evaluation_seconds=evaluation_seconds)
+            args.json.write_text(json.dumps(figures | times | dict(checkpoint_seconds=checkpoint_seconds), indent=1))
+
+
+def largest_fitting_batch(cfg: Config, batch_sizes: list[int], scratch: Path) -> Config:
+    """cfg with data.batch_size the largest of batch_sizes whose uncompiled training step fits in the
+    device's memory. Each size is tried in a Trainer of its own, freed before the next."""
+    for batch_size in sorted(batch_sizes, reverse=True):
+        train = dataclasses.replace(cfg.train, compile=False, out_dir=str(scratch / f"probe-{batch_size}"))
+        probe_cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size), train=train)
+        probe = None
+        try:
+            probe = Trainer(probe_cfg)
+            probe.train_step(cfg.optim.learning_rate).item()
+            fits = True
+        except torch.OutOfMemoryError:  # the answer this probe asks for, not an error: try the next size
+            fits = False
+        finally:
+            if probe is not None:
+                probe.run_lock.release()
+            del probe
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        if fits:
+            if torch.cuda.is_available():
+                torch.cuda.reset_peak_memory_stats()  # the timed run's peak memory is its own, not the probe's
+            print(f"micro-batch: {batch_size} sequences, the largest of {batch_sizes} whose step fits")
+            return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size))
+    raise UserError(f"--batch-sizes {batch_sizes}: no micro-batch of these sizes fits in the device's memory")
 
 
 def timed(work) -> float:
@@ -77,24 +121,46 @@ def timed(work) -> float:
     return time.perf_counter() - start
 
 
-def print_speed(args: argparse.Namespace, trainer: Trainer, step_seconds: float) -> None:
+def speed(args: argparse.Namespace, trainer: Trainer, step_seconds: float) -> dict:
+    """The measured speed and what it was measured on. MFU (a fraction) and the peak FLOP/s it is
+    taken against are None where the device's peak is not known; peak memory is None off CUDA."""
     tokens_per_sec = trainer.tokens_per_step / step_seconds
-    peak = gpu_peak_flops(trainer.device)
+    peak = total_peak_flops(trainer.device, trainer.world.size)  # tokens_per_step counts every process's tokens
     model_flops = flops_per_token(trainer.cfg.model, trainer.model.num_params())
-    mfu = f"{100 * model_flops * tokens_per_sec / peak:.1f}%" if peak else "n/a (no known peak)"
     cuda = trainer.device.type == "cuda"
-    device = torch.cuda.get_device_name(trainer.device) if cuda else trainer.device.type
-    memory = f"{torch.cuda.max_memory_allocated(trainer.device) / 2**30:.1f} GiB" if cuda else "-"
-    dtype = str(trainer.dtype).removeprefix("torch.")
-    parallel = f"{trainer.parallel.mode} x{trainer.world.size}" if trainer.world.launched else "single"
+    return {
+        "config": args.config,
+        "device": torch.cuda.get_device_name(trainer.device) if cuda else trainer.device.type,
+        "threads": torch.get_num_threads(),
+        "dtype": str(trainer.dtype).removeprefix("torch."),
+        "compile": trainer.cfg.train.compile,
+        "params": trainer.model.num_params(),
+        "parallel": f"{trainer.parallel.mode} x{trainer.world.size}" if trainer.world.launched else "single",
+        "batch_size": trainer.cfg.data.batch_size,
+        "block_size": trainer.cfg.model.block_size,
+        "tokens_per_step": trainer.tokens_per_step,
+        "steps": args.steps,
+        "step_seconds": step_seconds,
+        "tokens_per_sec": tokens_per_sec,
+        "flops_per_token": model_flops,
+        "peak_flops": peak,
+        "mfu": model_flops * tokens_per_sec / peak if peak else None,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(trainer.device) / 2**30 if cuda else None,
+    }
+
+
+def print_speed(figures: dict) -> None:
+    mfu = f"{100 * figures['mfu']:.1f}%" if figures["mfu"] is not None else "n/a (no known peak)"
+    memory = f"{figures['peak_memory_gib']:.1f} GiB" if figures["peak_memory_gib"] is not None else "-"
     columns = ["config", "device", "dtype", "params", "parallel", "tokens/step", "steps", "ms/step", "tokens/s"]
     columns += ["MFU", "peak memory"]
     print("| " + " | ".join(columns) + " |")
     print("|" + " --- |" * len(columns))
     print(
-        f"| {args.config} | {device} ({torch.get_num_threads()} threads) | {dtype} | "
-        f"{trainer.model.num_params() / 1e6:.1f}M | {parallel} | {trainer.tokens_per_step:,} | {args.steps} | "
-        f"{1000 * step_seconds:.1f} | {tokens_per_sec:,.0f} | {mfu} | {memory} |"
+        f"| {figures['config']} | {figures['device']} ({figures['threads']} threads) | {figures['dtype']} | "
+        f"{figures['params'] / 1e6:.1f}M | {figures['parallel']} | {figures['tokens_per_step']:,} | "
+        f"{figures['steps']} | {1000 * figures['step_seconds']:.1f} | {figures['tokens_per_sec']:,.0f} | {mfu} | "
+        f"{memory} |"
     )
 
 

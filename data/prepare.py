@@ -46,7 +46,7 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the proje
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
-from data.sources import Corpus, open_corpus  # noqa: E402
+from data.sources import Corpus, open_corpus, open_text_file  # noqa: E402
 from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
@@ -310,9 +310,7 @@ def prepare_text(text: str, tokenizer_name: str, out: Path, source: str, val_fra
 
 def prepare_bundled(name: str, data_dir: Path) -> dict:
     corpus_file, tokenizer_name = BUNDLED[name]
-    # streamed: a small local file gains nothing from a copy in the datasets cache
-    corpus = dataclasses.replace(open_corpus(str(CORPUS_DIR / corpus_file), streaming=True), name=corpus_file)
-    return prepare(corpus, tokenizer_name, Path(data_dir) / name)
+    return prepare(open_text_file(CORPUS_DIR / corpus_file), tokenizer_name, Path(data_dir) / name)
 
 
 def ensure_prepared(dataset: str, data_dir: str) -> None:
@@ -348,16 +346,19 @@ def main() -> None:
     check_writable_dir(out, "--out" if args.out else "--data-dir")
     refuse_prepared(out)  # before a long download
     start = time.perf_counter()
-    corpus = open_corpus(
-        spec,
-        text_field=args.text_field,
-        split=args.split,
-        config_name=args.config_name,
-        revision=args.revision,
-        streaming=args.streaming,
-        num_proc=args.num_proc,
-        cache_dir=args.cache_dir,
-    )
+    if args.dataset in BUNDLED:
+        corpus = open_text_file(Path(spec))  # without datasets: a GPU image may lack it
+    else:
+        corpus = open_corpus(
+            spec,
+            text_field=args.text_field,
+            split=args.split,
+            config_name=args.config_name,
+            revision=args.revision,
+            streaming=args.streaming,
+            num_proc=args.num_proc,
+            cache_dir=args.cache_dir,
+        )
     meta = prepare(
         dataclasses.replace(corpus, name=name),
         tokenizer_name,

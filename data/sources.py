@@ -7,7 +7,9 @@ bad byte, before anything is written. Text files are read with Python's universa
 "\\r\\n" and "\\r" line ends become "\\n".
 
 `datasets` is imported inside the functions that need it: it takes a second to load, and
-train.py imports this package for bundled datasets that are already prepared.
+train.py imports this package for bundled datasets that are already prepared. The bundled corpora
+(one .txt file each) are read without it (`open_text_file`), so train.py prepares them on a machine
+that lacks it, such as a GPU image.
 """
 
 import codecs
@@ -62,6 +64,23 @@ class Corpus:
                     )
             index += len(texts)
             yield texts
+
+
+@dataclass
+class TextFile(Corpus):
+    """One local .txt file, one document, read by Python itself: the text `open_corpus` gives for
+    the same file (UTF-8, universal newlines), without `datasets`."""
+
+    path: Path = Path()
+
+    def text_batches(self, batch_size: int) -> Iterator[list[str]]:
+        yield [self.path.read_text(encoding="utf-8")]
+
+
+def open_text_file(path: Path) -> Corpus:
+    """A .txt file as a corpus of one document, checked as `open_corpus` checks it (not empty, UTF-8)."""
+    (path,) = local_files(path)
+    return TextFile(path.name, None, "text", 1, path)
 
 
 def open_corpus(

@@ -1,13 +1,16 @@
-"""Checks of the CUDA path; skipped on machines without a CUDA GPU."""
+"""Checks of the CUDA path; skipped on machines without a CUDA GPU (bench/gpu.py runs them first)."""
 
+import copy
 import json
 
 import pytest
 import torch
+from torch.nn.attention.flex_attention import BlockMask
 
 from tests.conftest import run_script, tiny_config, tiny_model
+from tests.test_masks import PATTERNS, VOCAB
 from trainer.loop import Trainer
-from trainer.metrics import gpu_peak_flops
+from trainer.metrics import flops_per_token, gpu_peak_flops, peak_flops, read_metrics
 
 pytestmark = pytest.mark.gpu
 
@@ -64,12 +67,13 @@ def test_compiled_run_logs_mfu_resumes_in_another_precision_and_samples(tmp_path
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == len("ROMEO:") + 50 + 1
 
 
-def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch):
+@pytest.mark.parametrize("pattern", [{}, {"attn_window": 8}], ids=["causal", "window"])
+def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch, pattern):
     from model import generate, left_pad
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch._dynamo.reset()
-    model = tiny_model(50, 16).cuda()
+    model = tiny_model(50, 16, **pattern).cuda()  # a window of 8: a rolling cache
     prompts, pad = left_pad([[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]], "cuda")
 
     def tokens(compile: bool) -> list[list[int]]:
@@ -77,3 +81,58 @@ def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch):
         return torch.stack(list(steps), dim=1).tolist()
 
     assert tokens(compile=True) == tokens(compile=False)
+
+
+def test_trainer_on_cuda_lets_float32_matrix_products_use_tf32(tmp_path, data_dir, monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__device="cuda"))
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    generator = torch.Generator("cuda").manual_seed(0)
+    a, b = torch.randn(2, 1024, 1024, device="cuda", generator=generator).unbind(0)
+    exact = a.double() @ b.double()
+    # float32 products are off by about 1e-7 of the largest value, TF32's (10-bit mantissa inputs) by about 1e-4
+    assert ((a @ b).double() - exact).abs().max() > 1e-5 * exact.abs().max()
+
+
+def test_logged_mfu_on_cuda_divides_model_flops_by_the_gpus_datasheet_peak(tmp_path, data_dir):
+    name = torch.cuda.get_device_name()
+    peak = peak_flops(name)
+    assert peak is not None, f"{name!r} has no entry in trainer/metrics.py PEAK_FLOPS: its runs log no MFU"
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__device="cuda", train__max_iters=5))
+    trainer.fit()
+    model_flops = flops_per_token(trainer.cfg.model, trainer.model.num_params())
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert len(steps) == 5
+    for record in steps:
+        assert record["mfu"] == pytest.approx(model_flops * record["tokens_per_sec"] / peak)
+
+
+@pytest.mark.parametrize("name", PATTERNS)
+def test_model_with_each_pattern_trains_on_cuda_as_on_a_cpu(name, monkeypatch):
+    """On CUDA a pattern reaches attention as FlexAttention's block mask, on a CPU as SDPA's dense
+    mask: the same weights must give the same logits and gradients both ways."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a trainer earlier set it
+    torch._dynamo.reset()  # no FlexAttention kernel compiled while TF32 was allowed
+    T = 300  # three blocks of FlexAttention's 128 positions, the last one partial
+    cpu_model = tiny_model(VOCAB, block_size=T, **PATTERNS[name]).train()
+    cuda_model = copy.deepcopy(cpu_model).cuda()
+    generator = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, 10, (2, T), generator=generator)  # tokens 0 .. 9 hold test_masks' separator, 7
+    targets = torch.randint(0, VOCAB, (2, T), generator=generator)
+    prefix = torch.tensor([37, 250]) if PATTERNS[name].get("attn_prefix_lm") else None
+    results = []
+    for model, device in ((cpu_model, "cpu"), (cuda_model, "cuda")):
+        on_device = None if prefix is None else prefix.to(device)
+        logits, loss = model(idx.to(device), targets.to(device), prefix=on_device)
+        loss.backward()
+        results.append([logits, *(param.grad for param in model.parameters())])
+    if name != "causal":  # causal attention needs no mask at all
+        slots = torch.arange(T, device="cuda")
+        mask = cuda_model.attention_mask(
+            idx.cuda(), slots[None], slots, None, None, None if prefix is None else prefix.cuda()
+        )
+        assert isinstance(mask, BlockMask)
+    for on_cpu, on_cuda in zip(*results, strict=True):
+        torch.testing.assert_close(on_cuda.cpu(), on_cpu, rtol=1e-3, atol=1e-5)

@@ -1,6 +1,7 @@
 """data/prepare.py on local files, through the same `datasets` path as hub datasets (offline:
 see the offline_hugging_face fixture in conftest.py)."""
 
+import dataclasses
 import itertools
 import json
 import subprocess
@@ -8,18 +9,22 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import data.prepare as prepare_module
 import data.sources as sources_module
 from data.loader import TokenDataset
 from data.prepare import CORPUS_DIR, in_val, prepare, split_long
-from data.sources import Corpus, local_files, open_corpus
+from data.sources import Corpus, local_files, open_corpus, open_text_file
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, run_script
+
+# pyarrow comes with datasets, which preparing local and hub corpora needs; a machine without them
+# (a GPU image) runs every other test. (datasets itself must not be imported before conftest's
+# offline_hugging_face fixture has run.)
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
 
 CORPUS = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
 # 40 documents of different lengths, some with text beyond ASCII
@@ -312,3 +317,22 @@ def test_memory_stays_flat_whatever_the_corpus_size(tmp_path):
     small, large = json.loads(result.stdout.splitlines()[-1])
     # holding the larger corpus's text or tokens would add 35 MB or more (KiB here; ru_maxrss is in KiB on Linux)
     assert large - small < 16_000, (small, large)
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_text_file_read_without_datasets_gives_the_text_datasets_reads(tmp_path, newline):
+    """The bundled corpora are read without `datasets` (open_text_file) so that train.py prepares
+    them where it is missing; what they give must be what open_corpus gives for the same file."""
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(newline.join(["First Citizen:", "Before we proceed, naïve 東京 🙂", ""]).encode("utf-8"))
+    expected = [text for batch in open_corpus(str(path), streaming=True).text_batches(8) for text in batch]
+    assert [text for batch in open_text_file(path).text_batches(8) for text in batch] == expected
+
+
+def test_bundled_dataset_prepared_without_datasets_equals_the_datasets_path(tmp_path):
+    prepare_module.prepare_bundled("shakespeare_char", tmp_path / "without")
+    corpus = open_corpus(str(CORPUS_DIR / "tinyshakespeare.txt"), streaming=True)
+    prepare(dataclasses.replace(corpus, name="tinyshakespeare.txt"), "char", tmp_path / "with" / "shakespeare_char")
+    for name in ("train.bin", "val.bin", "meta.json"):
+        without = (tmp_path / "without" / "shakespeare_char" / name).read_bytes()
+        assert without == (tmp_path / "with" / "shakespeare_char" / name).read_bytes(), name

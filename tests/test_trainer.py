@@ -6,13 +6,12 @@ import re
 import pytest
 import torch
 
-import trainer.loop as loop_module
 import trainer.metrics as metrics_module
 from errors import UserError
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
-from trainer.metrics import Throughput, flops_per_token, peak_flops, read_records
+from trainer.metrics import Throughput, flops_per_token, peak_flops, read_records, total_peak_flops
 from trainer.optim import build_optimizer, lr_at
 
 
@@ -73,7 +72,7 @@ def test_throughput_reports_tokens_per_second_and_mfu(monkeypatch):
 def test_logged_mfu_is_model_flops_times_tokens_per_second_over_the_device_peak(tmp_path, data_dir, monkeypatch):
     # a CPU has no entry in the peak table: give this one a fake GPU's, as a GPU run would find its own
     monkeypatch.setattr(metrics_module, "PEAK_FLOPS", (("Fake GPU", 2e9),))
-    monkeypatch.setattr(loop_module, "gpu_peak_flops", lambda device: peak_flops("Fake GPU"))
+    monkeypatch.setattr(metrics_module, "gpu_peak_flops", lambda device: peak_flops("Fake GPU"))
     run_dir = tmp_path / "run"
     trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=5))
     trainer.fit()
@@ -82,6 +81,14 @@ def test_logged_mfu_is_model_flops_times_tokens_per_second_over_the_device_peak(
     assert len(steps) == 5
     for record in steps:
         assert record["mfu"] == pytest.approx(model_flops * record["tokens_per_sec"] / 2e9)
+
+
+def test_peak_of_a_run_is_that_of_all_its_processes_gpus(monkeypatch):
+    """tokens_per_step counts every process's tokens, so MFU divides by every process's GPU."""
+    monkeypatch.setattr(metrics_module, "gpu_peak_flops", lambda device: 1e12)
+    assert total_peak_flops(torch.device("cpu"), 4) == 4e12
+    monkeypatch.setattr(metrics_module, "gpu_peak_flops", lambda device: None)
+    assert total_peak_flops(torch.device("cpu"), 4) is None
 
 
 def test_flops_per_token_counts_weights_and_attention():

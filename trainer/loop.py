@@ -39,6 +39,7 @@ from trainer.metrics import (
     gpu_peak_flops,
     read_metrics,
     read_records,
+    total_peak_flops,
 )
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
@@ -152,7 +153,7 @@ class Trainer:
                 throughput = Throughput(
                     self.tokens_per_step,
                     flops_per_token(cfg.model, self.model.num_params()),
-                    _peak_flops(self.device, self.world.size),
+                    total_peak_flops(self.device, self.world.size),
                     self.step,
                 )
                 while self.step < train.max_iters:
@@ -600,11 +601,6 @@ def _check_fits_in_memory(cfg: Config, device: torch.device, dtype: torch.dtype,
         f"{model.block_size} tokens",
         "lower data.batch_size and raise train.gradient_accumulation_steps to keep the tokens per step",
     )
-
-
-def _peak_flops(device: torch.device, world_size: int) -> float | None:
-    peak = gpu_peak_flops(device)
-    return None if peak is None else peak * world_size
 
 
 def _with_dataset_vocab(cfg: Config, dataset_vocab: int) -> Config:

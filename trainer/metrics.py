@@ -192,3 +192,10 @@ def gpu_peak_flops(device: torch.device) -> float | None:
     if device.type != "cuda":
         return None
     return peak_flops(torch.cuda.get_device_name(device))
+
+
+def total_peak_flops(device: torch.device, processes: int) -> float | None:
+    """The peak of a run's GPUs together, one per process (each on the same kind of GPU as this
+    one): what a run's MFU, from the tokens/s of all processes, is taken against."""
+    peak = gpu_peak_flops(device)
+    return None if peak is None else peak * processes

@@ -201,7 +201,9 @@ class Muon(torch.optim.Muon):
                 state["momentum_buffer"] = torch.zeros_like(param.grad, memory_format=torch.preserve_format)
             buffers.append(state["momentum_buffer"])
         torch._foreach_lerp_(buffers, grads, 1 - momentum)
-        updates = torch._foreach_lerp(grads, buffers, momentum) if group["nesterov"] else buffers
+        # one lerp per tensor, as torch.optim.Muon does: torch 2.11 has no rule for the out-of-place
+        # _foreach_lerp on FSDP's sharded tensors (DTensor), only for the in-place one above
+        updates = [g.lerp(b, momentum) for g, b in zip(grads, buffers, strict=True)] if group["nesterov"] else buffers
         stacked = torch.stack(updates).to(self.ns_dtype)
         orthogonal = orthogonalise(stacked, coefficients, group["eps"])
         if group["weight_decay"]:
