@@ -1,0 +1,299 @@
+"""Scoring a model on evaluation tasks (trainer/tasks.py): multiple choice, cloze, perplexity.
+
+A continuation's score is the sum of the log-probabilities of its tokens given the context, computed
+as lm-evaluation-harness does it, so that the figures compare with published ones:
+
+- context and continuation are encoded together and split where the context's own tokens end
+  (trailing spaces of the context move to the continuation first);
+- a pair longer than the model's block keeps its last block_size + 1 tokens, so a long context
+  loses its beginning;
+- multiple choice: `acc` picks the ending of highest summed log-likelihood, `acc_norm` the highest
+  log-likelihood per character of the ending (ties go to the first); cloze: `acc` counts the
+  continuations that greedy decoding would produce, `ppl` is exp(-mean summed log-likelihood);
+- text: the file's tokens in disjoint windows of block_size, each token predicted once (after an
+  <|endoftext|> where the tokenizer has one, so that the first is predicted too); `ppl` per token
+  and `bpb`, bits per UTF-8 byte, which compares models with different tokenizers.
+
+Speed: the endings of one question share their context, so the contexts of a batch of questions go
+through the model once, left padded into one KV cache; its rows are then copied, one per ending
+(KVCache.copy_rows), and all endings of the batch go through in one more forward pass.
+"""
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from data.tokenizer import Tokenizer
+from errors import UserError
+from model import GPT
+from trainer.tasks import Item, Task
+
+LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
+
+
+@dataclass
+class Group:
+    """Continuations scored after the same context tokens: each (item, continuation) pair of a
+    question, unless truncation to the block gives them different contexts."""
+
+    context: list[int]
+    continuations: list[list[int]]
+    keys: list[tuple[int, int]]  # (item, continuation) of each continuation
+
+
+@dataclass
+class TaskResult:
+    name: str
+    kind: str
+    metrics: dict[str, float]  # acc, acc_norm, ppl, bpb, n, as the kind has them
+    predictions: list[int] = field(default_factory=list)  # per item: the ending picked by acc
+    predictions_norm: list[int] = field(default_factory=list)  # per item: by acc_norm
+    chance: float | None = None  # acc of guessing; None for text
+
+    @property
+    def centred(self) -> float | None:
+        """acc rescaled so that guessing is 0 and a perfect score 1 (nanochat's CORE does this)."""
+        if self.chance is None:
+            return None
+        return (self.metrics["acc"] - self.chance) / (1 - self.chance)
+
+
+def split_tokens(tokenizer: Tokenizer, context: str, continuation: str, where: str) -> tuple[list[int], list[int]]:
+    """The context's tokens and the continuation's, split as lm-evaluation-harness splits them."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    try:
+        whole = tokenizer.encode(context + continuation)
+        context_ids = tokenizer.encode(context)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    return context_ids, whole[len(context_ids) :]
+
+
+def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> list[Group]:
+    """The groups of continuations to score, each context cut to what fits the block."""
+    groups = []
+    for item_index, item in enumerate(items):
+        by_context: dict[tuple[int, ...], Group] = {}
+        for number, continuation in enumerate(item.continuations):
+            context, tokens = split_tokens(tokenizer, item.context, continuation, item.where)
+            if len(tokens) > block_size:
+                raise UserError(
+                    f"{item.where}: continuation {number} is {len(tokens)} tokens, more than the model's "
+                    f"block_size={block_size} (shorten it)"
+                )
+            context = context[max(0, len(context) + len(tokens) - block_size - 1) :]
+            group = by_context.setdefault(tuple(context), Group(context, [], []))
+            group.continuations.append(tokens)
+            group.keys.append((item_index, number))
+        groups += by_context.values()
+    return groups
+
+
+def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: int) -> list[list[Group]]:
+    """Groups in batches of at most batch_size continuations (a larger group goes alone), whose
+    longest context and longest continuation fit in one cache of block_size, and whose logits fit
+    in LOGITS_BYTES. Longest contexts first, so similar lengths share padding."""
+    result, batch = [], []
+    for group in sorted(groups, key=lambda g: len(g.context), reverse=True):
+        candidate = batch + [group]
+        context_len = max(len(g.context) for g in candidate)
+        continuation_len = max(len(c) for g in candidate for c in g.continuations)
+        rows = sum(len(g.continuations) for g in candidate)
+        logits_bytes = 4 * vocab_size * (len(candidate) * context_len + rows * continuation_len)
+        fits = context_len + continuation_len - 1 <= block_size and logits_bytes <= LOGITS_BYTES
+        if batch and (rows > batch_size or not fits):
+            result.append(batch)
+            candidate = [group]
+        batch = candidate
+    return result + [batch] if batch else result
+
+
+@torch.no_grad()
+def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
+    """(summed log-likelihood, whether greedy decoding gives it) of every continuation of the
+    groups, in order: the contexts in one forward pass, then every continuation in one more."""
+    device = model.transformer.wte.weight.device
+    G = len(groups)
+    context_len = max(len(g.context) for g in groups)
+    continuations = [c for g in groups for c in g.continuations]
+    R = len(continuations)
+    continuation_len = max(len(c) for c in continuations)
+    contexts = torch.zeros(G, context_len, dtype=torch.long)
+    for i, group in enumerate(groups):
+        contexts[i, context_len - len(group.context) :] = torch.tensor(group.context)
+    pad = torch.tensor([context_len - len(g.context) for g in groups], device=device)  # (G,) left padding
+    rows = torch.tensor([i for i, g in enumerate(groups) for _ in g.continuations], device=device)  # (R,)
+    max_len = context_len + continuation_len - 1
+    cache = model.new_cache(G, max_len)
+    context_logits, _ = model(contexts.to(device), cache=cache, pad=pad)  # (G, context_len, V)
+    logits = context_logits[rows, -1:]  # (R, 1, V): each continuation's first token
+    if continuation_len > 1:
+        if R > G:
+            row_cache = model.new_cache(R, max_len)
+            row_cache.copy_rows(cache, rows)
+            cache = row_cache
+        inputs = torch.zeros(R, continuation_len - 1, dtype=torch.long)  # right padded: later tokens go unread
+        for r, tokens in enumerate(continuations):
+            inputs[r, : len(tokens) - 1] = torch.tensor(tokens[:-1])
+        rest, _ = model(inputs.to(device), cache=cache, pad=pad[rows])  # (R, continuation_len - 1, V)
+        logits = torch.cat([logits, rest], dim=1)  # (R, continuation_len, V)
+    targets = torch.zeros(R, continuation_len, dtype=torch.long)
+    real = torch.zeros(R, continuation_len, dtype=torch.bool)
+    for r, tokens in enumerate(continuations):
+        targets[r, : len(tokens)] = torch.tensor(tokens)
+        real[r, : len(tokens)] = True
+    targets, real = targets.to(device), real.to(device)
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, continuation_len, V)
+    token_log_probs = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (R, continuation_len)
+    sums = torch.where(real, token_log_probs, 0.0).sum(dim=1)  # (R,)
+    greedy = ((log_probs.argmax(dim=-1) == targets) | ~real).all(dim=1)  # (R,)
+    return list(zip(sums.tolist(), greedy.tolist(), strict=True))
+
+
+def score_items(
+    model: GPT, tokenizer: Tokenizer, items: list[Item], batch_size: int, progress: str | None = None
+) -> list[list[tuple[float, bool]]]:
+    """Per item, (summed log-likelihood, greedy) of each continuation. progress: a tqdm bar's label,
+    or None for none."""
+    config = model.config
+    groups = encode_items(tokenizer, items, config.block_size)
+    scores: dict[tuple[int, int], tuple[float, bool]] = {}
+    with tqdm(total=len(items), desc=progress, unit="item", disable=progress is None, leave=False) as bar:
+        done = defaultdict(int)
+        for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
+            batch_scores = score_batch(model, batch)
+            finished = 0
+            for key, score in zip([k for g in batch for k in g.keys], batch_scores, strict=True):
+                scores[key] = score
+                done[key[0]] += 1
+                finished += done[key[0]] == len(items[key[0]].continuations)
+            bar.update(finished)
+    return [[scores[i, n] for n in range(len(item.continuations))] for i, item in enumerate(items)]
+
+
+def evaluate_choice(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+) -> TaskResult:
+    scores = score_items(model, tokenizer, task.items, batch_size, progress)
+    predictions, predictions_norm = [], []
+    for item, item_scores in zip(task.items, scores, strict=True):
+        log_likelihoods = np.array([score for score, _ in item_scores])
+        lengths = np.array([float(len(choice)) for choice in item.choices])
+        predictions.append(int(np.argmax(log_likelihoods)))
+        predictions_norm.append(int(np.argmax(log_likelihoods / lengths)))
+    labels = np.array([item.label for item in task.items])
+    metrics = {
+        "acc": float(np.mean(np.array(predictions) == labels)),
+        "acc_norm": float(np.mean(np.array(predictions_norm) == labels)),
+        "n": len(task.items),
+    }
+    chance = float(np.mean([1 / len(item.choices) for item in task.items]))
+    return TaskResult(task.name, task.kind, metrics, predictions, predictions_norm, chance)
+
+
+def evaluate_cloze(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+) -> TaskResult:
+    scores = [item_scores[0] for item_scores in score_items(model, tokenizer, task.items, batch_size, progress)]
+    greedy = [int(is_greedy) for _, is_greedy in scores]
+    metrics = {
+        "acc": float(np.mean(greedy)),
+        "ppl": math.exp(-float(np.mean([score for score, _ in scores]))),
+        "n": len(task.items),
+    }
+    return TaskResult(task.name, task.kind, metrics, greedy, greedy, chance=0.0)
+
+
+@torch.no_grad()
+def evaluate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: Task,
+    batch_size: int,
+    progress: str | None = None,
+    limit: int | None = None,
+) -> TaskResult:
+    """Perplexity per token and bits per byte of the text, over its first `limit` windows or all."""
+    block_size = model.config.block_size
+    device = model.transformer.wte.weight.device
+    try:
+        ids = tokenizer.encode_array(task.text).astype(np.int64)
+    except UserError as e:
+        raise UserError(f"{task.source}: {e}") from None
+    if tokenizer.eot_token is not None:
+        ids = np.concatenate([[tokenizer.eot_token], ids])
+    if len(ids) < 2:
+        raise UserError(f"{task.source} is a single token (perplexity needs at least two)")
+    starts = list(range(0, len(ids) - 1, block_size))[:limit]
+    nll, tokens = 0.0, 0
+    with tqdm(total=len(starts), desc=progress, unit="window", disable=progress is None, leave=False) as bar:
+        for first in range(0, len(starts), batch_size):
+            rows = starts[first : first + batch_size]
+            x = torch.zeros(len(rows), block_size, dtype=torch.long)
+            y = torch.full((len(rows), block_size), -1, dtype=torch.long)  # -1: past the end, not scored
+            for r, start in enumerate(rows):
+                window = torch.from_numpy(ids[start : start + block_size + 1])
+                x[r, : len(window) - 1], y[r, : len(window) - 1] = window[:-1], window[1:]
+            logits, _ = model(x.to(device))
+            nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum").item()
+            tokens += int((y >= 0).sum())
+            bar.update(len(rows))
+    n_bytes = _byte_count(tokenizer, ids[1 : 1 + tokens])  # the windows are consecutive from the start
+    metrics = {"ppl": math.exp(nll / tokens), "bpb": nll / (math.log(2) * n_bytes), "n": tokens}
+    return TaskResult(task.name, task.kind, metrics)
+
+
+def _byte_count(tokenizer: Tokenizer, ids: np.ndarray) -> int:
+    """UTF-8 bytes the tokens stand for."""
+    tokens, counts = np.unique(ids, return_counts=True)
+    return int(sum(len(tokenizer.token_bytes(int(t))) * int(c) for t, c in zip(tokens, counts, strict=True)))
+
+
+EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze}
+
+
+def evaluate_task(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: bool = False, limit: int | None = None
+) -> TaskResult:
+    """Score one task with the model in eval mode (put back as it was found)."""
+    label = task.name if progress else None
+    was_training = model.training
+    model.eval()
+    try:
+        if task.kind == "text":
+            return evaluate_text(model, tokenizer, task, batch_size, label, limit)
+        return EVALUATORS[task.kind](model, tokenizer, task, batch_size, label)
+    finally:
+        model.train(was_training)
+
+
+def centred_mean(results: list[TaskResult]) -> float | None:
+    """The mean of the centred accuracies of the tasks that have one (not text); None if none has."""
+    centred = [result.centred for result in results if result.chance is not None]
+    return float(np.mean(centred)) if centred else None
+
+
+def summary_lines(results: list[TaskResult]) -> list[str]:
+    """One line per task, then the centred mean."""
+    width = max(len(result.name) for result in results)
+    lines = []
+    for result in results:
+        figures = [f"{key} {value:.4f}" for key, value in result.metrics.items() if key != "n"]
+        if result.centred is not None:
+            figures.append(f"centred {result.centred:.4f}")
+        lines.append(f"{result.name:<{width}}  " + "  ".join(figures) + f"  n {result.metrics['n']}")
+    mean = centred_mean(results)
+    if mean is not None:
+        lines.append(f"{'centred mean':<{width}}  {mean:.4f}")
+    return lines
+
+
+def results_json(results: list[TaskResult]) -> dict:
+    return {"tasks": {result.name: result.metrics for result in results}, "centred_mean": centred_mean(results)}
