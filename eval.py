@@ -34,7 +34,9 @@ from trainer.tasks import load_task
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_source = parser.add_mutually_exclusive_group()
-    model_source.add_argument("--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)")
+    model_source.add_argument(
+        "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"
+    )
     model_source.add_argument("--checkpoint", help="a checkpoint file written by train.py")
     model_source.add_argument("--init-from", help="a Hugging Face model directory (as sample.py --init-from)")
     parser.add_argument(

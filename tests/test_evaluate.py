@@ -3,7 +3,6 @@ the batching, and eval.py's figures."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch

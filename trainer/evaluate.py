@@ -20,7 +20,6 @@ through the model once, left padded into one KV cache; its rows are then copied,
 """
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -78,22 +77,29 @@ def split_tokens(tokenizer: Tokenizer, context: str, continuation: str, where: s
 
 def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> list[Group]:
     """The groups of continuations to score, each context cut to what fits the block."""
-    groups = []
+    pairs, keys = [], []
     for item_index, item in enumerate(items):
-        by_context: dict[tuple[int, ...], Group] = {}
         for number, continuation in enumerate(item.continuations):
-            context, tokens = split_tokens(tokenizer, item.context, continuation, item.where)
-            if len(tokens) > block_size:
+            pairs.append(split_tokens(tokenizer, item.context, continuation, item.where))
+            keys.append((item_index, number))
+            if len(pairs[-1][1]) > block_size:
                 raise UserError(
-                    f"{item.where}: continuation {number} is {len(tokens)} tokens, more than the model's "
+                    f"{item.where}: continuation {number} is {len(pairs[-1][1])} tokens, more than the model's "
                     f"block_size={block_size} (shorten it)"
                 )
-            context = context[max(0, len(context) + len(tokens) - block_size - 1) :]
-            group = by_context.setdefault(tuple(context), Group(context, [], []))
-            group.continuations.append(tokens)
-            group.keys.append((item_index, number))
-        groups += by_context.values()
-    return groups
+    return group_pairs(pairs, keys, block_size)
+
+
+def group_pairs(pairs: list[tuple[list[int], list[int]]], keys: list, block_size: int) -> list[Group]:
+    """(context, continuation) token pairs in groups by their context once cut to the block: a pair
+    keeps its last block_size + 1 tokens, the last of which is never read."""
+    by_context: dict[tuple[int, ...], Group] = {}
+    for (context, tokens), key in zip(pairs, keys, strict=True):
+        context = context[max(0, len(context) + len(tokens) - block_size - 1) :]
+        group = by_context.setdefault(tuple(context), Group(context, [], []))
+        group.continuations.append(tokens)
+        group.keys.append(key)
+    return list(by_context.values())
 
 
 def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: int) -> list[list[Group]]:
@@ -157,24 +163,27 @@ def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
     return list(zip(sums.tolist(), greedy.tolist(), strict=True))
 
 
+def score_groups(model: GPT, groups: list[Group], batch_size: int, bar: tqdm | None = None) -> dict:
+    """key -> (summed log-likelihood, greedy) of every continuation of the groups; bar, if given,
+    advances by one for each group scored."""
+    config = model.config
+    scores = {}
+    for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
+        batch_scores = score_batch(model, batch)
+        scores |= dict(zip([key for group in batch for key in group.keys], batch_scores, strict=True))
+        if bar is not None:
+            bar.update(len(batch))
+    return scores
+
+
 def score_items(
     model: GPT, tokenizer: Tokenizer, items: list[Item], batch_size: int, progress: str | None = None
 ) -> list[list[tuple[float, bool]]]:
     """Per item, (summed log-likelihood, greedy) of each continuation. progress: a tqdm bar's label,
     or None for none."""
-    config = model.config
-    groups = encode_items(tokenizer, items, config.block_size)
-    scores: dict[tuple[int, int], tuple[float, bool]] = {}
-    with tqdm(total=len(items), desc=progress, unit="item", disable=progress is None, leave=False) as bar:
-        done = defaultdict(int)
-        for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
-            batch_scores = score_batch(model, batch)
-            finished = 0
-            for key, score in zip([k for g in batch for k in g.keys], batch_scores, strict=True):
-                scores[key] = score
-                done[key[0]] += 1
-                finished += done[key[0]] == len(items[key[0]].continuations)
-            bar.update(finished)
+    groups = encode_items(tokenizer, items, model.config.block_size)
+    with tqdm(total=len(groups), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
+        scores = score_groups(model, groups, batch_size, bar)
     return [[scores[i, n] for n in range(len(item.continuations))] for i, item in enumerate(items)]
 
 
@@ -242,7 +251,9 @@ def evaluate_text(
                 window = torch.from_numpy(ids[start : start + block_size + 1])
                 x[r, : len(window) - 1], y[r, : len(window) - 1] = window[:-1], window[1:]
             logits, _ = model(x.to(device))
-            nll += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum").item()
+            nll += F.cross_entropy(
+                logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum"
+            ).item()
             tokens += int((y >= 0).sum())
             bar.update(len(rows))
     n_bytes = _byte_count(tokenizer, ids[1 : 1 + tokens])  # the windows are consecutive from the start

@@ -64,7 +64,7 @@ def main() -> None:
         arc.append(
             {
                 "id": f"shakespeare-{number}",
-                "question": f"Which line follows \"{ctx}\"?",
+                "question": f'Which line follows "{ctx}"?',
                 "choices": {"text": endings, "label": keys},
                 "answerKey": keys[label],
             }
