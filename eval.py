@@ -26,7 +26,7 @@ from data.files import atomic_open, check_writable_dir
 from errors import UserError, run_cli
 from sample import load_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.evaluate import evaluate_task, results_json, summary_lines
+from trainer.evaluate import check_encodable, evaluate_task, results_json, summary_lines
 from trainer.runtime import resolve_device, resolve_dtype
 from trainer.tasks import load_task
 
@@ -81,6 +81,7 @@ def main() -> None:
         source = path
     else:
         model, tokenizer, source = load_model(args)
+    check_encodable(tokenizer, tasks, model.config.block_size)
     model.to(device=device, dtype=dtype)
     print(f"evaluating {source} on {device.type}", file=sys.stderr)
     results = [

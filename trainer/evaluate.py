@@ -285,6 +285,19 @@ def evaluate_task(
         model.train(was_training)
 
 
+def check_encodable(tokenizer: Tokenizer, tasks: list[Task], block_size: int) -> None:
+    """Encode every item (and text) once before any is scored, so that one the tokenizer cannot
+    encode, or too long for the block, ends the run before the model's time is spent on the rest."""
+    for task in tasks:
+        if task.kind == "text":
+            try:
+                tokenizer.encode_array(task.text)
+            except UserError as e:
+                raise UserError(f"{task.source}: {e}") from None
+        else:
+            encode_items(tokenizer, task.items, block_size)
+
+
 def centred_mean(results: list[TaskResult]) -> float | None:
     """The mean of the centred accuracies of the tasks that have one (not text); None if none has."""
     centred = [result.centred for result in results if result.chance is not None]
