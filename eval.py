@@ -26,9 +26,8 @@ from data.files import atomic_open, check_writable_dir
 from errors import UserError, run_cli
 from sample import load_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.evaluate import check_encodable, evaluate_task, results_json, summary_lines
+from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
 from trainer.runtime import resolve_device, resolve_dtype
-from trainer.tasks import load_task
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,11 +67,6 @@ def main() -> None:
     args = parse_args()
     if args.json is not None:
         check_writable_dir(Path(args.json).parent, "--json's folder")
-    tasks = [load_task(spec, args.limit) for spec in args.tasks]  # every item checked before any is scored
-    names = [task.name for task in tasks]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise UserError(f"--tasks names {repeated[0]!r} twice (give each task once; a file's name is its stem)")
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.checkpoint is not None:
@@ -81,7 +75,7 @@ def main() -> None:
         source = path
     else:
         model, tokenizer, source = load_model(args)
-    check_encodable(tokenizer, tasks, model.config.block_size)
+    tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size)
     model.to(device=device, dtype=dtype)
     print(f"evaluating {source} on {device.type}", file=sys.stderr)
     results = [

@@ -9,7 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
-from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_model
+from errors import UserError
+from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import (
     TaskResult,
     centred_mean,
@@ -17,6 +19,8 @@ from trainer.evaluate import (
     score_items,
     split_tokens,
 )
+from trainer.loop import Trainer
+from trainer.metrics import read_metrics
 from trainer.pretrained import export_gpt2
 from trainer.tasks import Item, Task, load_task
 
@@ -151,3 +155,27 @@ def test_eval_py_writes_every_task_under_its_stem(tmp_path, monkeypatch, capsys)
     assert figures["centred_mean"] == pytest.approx(centred_mean(expected))
     printed = capsys.readouterr().out.splitlines()
     assert [line.split()[0] for line in printed] == ["next_line", "lambada", "passage", "centred"]
+
+
+def test_training_scores_the_eval_tasks_into_metrics(tmp_path, data_dir):
+    tasks = f"{TASKS / 'next_line.jsonl'},{TASKS / 'passage.txt'}"
+    cfg = tiny_config(tmp_path / "run", data_dir, model__block_size=64, eval__tasks=tasks, eval__items=4, eval__every=2)
+    Trainer(cfg).fit()  # losses at steps 0, 10, 20; tasks at every 2nd evaluation and the last
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    scored = [r["step"] for r in records if "eval/next_line/acc" in r]
+    assert scored == [0, 20]
+    last = records[-1]
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path)
+    for spec in tasks.split(","):
+        result = evaluate_task(model, tokenizer, load_task(spec, 4), batch_size=32, limit=4)
+        for key, value in result.metrics.items():
+            assert last[f"eval/{result.name}/{key}"] == pytest.approx(value, rel=1e-4), key
+    assert last["eval/centred_mean"] == pytest.approx(last["eval/next_line/acc"] / 0.75 - 1 / 3)
+
+
+def test_a_bad_eval_task_stops_training_before_it_starts(tmp_path, data_dir):
+    (tmp_path / "odd.jsonl").write_text('{"ctx": "ROMEO:", "endings": ["a", "b"], "label": 3}\n')
+    cfg = tiny_config(tmp_path / "run", data_dir, eval__tasks=str(tmp_path / "odd.jsonl"))
+    with pytest.raises(UserError, match="odd.jsonl item 1: field 'label'=3 is out of range"):
+        Trainer(cfg)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from data.tokenizer import Tokenizer
 from errors import UserError
 from model import GPT
-from trainer.tasks import Item, Task
+from trainer.tasks import Item, Task, load_task
 
 LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
 
@@ -285,9 +285,21 @@ def evaluate_task(
         model.train(was_training)
 
 
+def load_tasks(specs: list[str], limit: int | None, tokenizer: Tokenizer, block_size: int) -> list[Task]:
+    """The tasks named (see trainer/tasks.py), each item read, checked and encoded once before any is
+    scored: a bad one ends the run before the model's time is spent on the rest."""
+    tasks = [load_task(spec, limit) for spec in specs]
+    names = [task.name for task in tasks]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"--tasks names {repeated[0]!r} twice (give each task once; a file's name is its stem)")
+    check_encodable(tokenizer, tasks, block_size)
+    return tasks
+
+
 def check_encodable(tokenizer: Tokenizer, tasks: list[Task], block_size: int) -> None:
-    """Encode every item (and text) once before any is scored, so that one the tokenizer cannot
-    encode, or too long for the block, ends the run before the model's time is spent on the rest."""
+    """Encode every item (and text) of the tasks: one the tokenizer cannot encode, or too long for the
+    block, is a UserError naming it."""
     for task in tasks:
         if task.kind == "text":
             try:
@@ -317,6 +329,13 @@ def summary_lines(results: list[TaskResult]) -> list[str]:
     if mean is not None:
         lines.append(f"{'centred mean':<{width}}  {mean:.4f}")
     return lines
+
+
+def metrics_record(results: list[TaskResult]) -> dict[str, float]:
+    """The figures as metrics.jsonl and wandb keys: eval/<task>/<figure>, eval/centred_mean."""
+    record = {f"eval/{result.name}/{key}": value for result in results for key, value in result.metrics.items()}
+    mean = centred_mean(results)
+    return record if mean is None else record | {"eval/centred_mean": mean}
 
 
 def results_json(results: list[TaskResult]) -> dict:

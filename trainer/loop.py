@@ -29,6 +29,7 @@ from trainer.config import (
     run_config_toml,
 )
 from trainer.distributed import ParallelModel, World
+from trainer.evaluate import TaskResult, evaluate_task, load_tasks, metrics_record, summary_lines
 from trainer.metrics import METRICS_NAME, MetricsLog, Throughput, flops_per_token, gpu_peak_flops, read_records
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
@@ -77,6 +78,9 @@ class Trainer:
             cfg = with_gpt2_shape(cfg, gpt2_config, self.dataset.meta)
         self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
         self.dataset.check_fits(cfg.model.block_size)
+        # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
+        self.tokenizer = tokenizer_from_meta(self.dataset.meta)
+        self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
         if checkpoint is not None:
             _check_resumable(checkpoint, cfg, self.dataset.meta, self.run_dir)
 
@@ -293,12 +297,28 @@ class Trainer:
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
             # nats per token -> bits per token -> bits per byte of text: comparable across tokenizers
             record[f"{split}_bpb"] = loss / math.log(2) / self.dataset.bytes_per_token(split)
-        self._record(record)
+        results = self._score_tasks()
+        self._record(record | metrics_record(results))
         if self.world.is_main:
             write(
                 f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
                 f"(perplexity {record['val_perplexity']:.2f}, {record['val_bpb']:.4f} bits per byte)"
             )
+            if results:
+                write(f"step {self.step}: " + "; ".join(summary_lines(results)))
+
+    def _score_tasks(self) -> list[TaskResult]:
+        """The [eval] tasks' figures at every eval.every-th evaluation and at the last step, else none.
+        Every process scores the same items (a sharded model's forward pass needs them all)."""
+        cfg = self.cfg
+        due = (self.step // cfg.train.eval_interval) % cfg.eval.every == 0 or self.step == cfg.train.max_iters
+        if not self.tasks or not due:
+            return []
+        limit = cfg.eval.items or None
+        with autocast(self.device, self.dtype):
+            return [
+                evaluate_task(self.model, self.tokenizer, task, cfg.eval.batch_size, limit=limit) for task in self.tasks
+            ]
 
     def _diverged(self, what: str) -> None:
         if self.last_checkpoint_step is None:
