@@ -4,12 +4,14 @@ the batching, and eval.py's figures."""
 import json
 import math
 
+import matplotlib.image
 import pytest
 import torch
 import torch.nn.functional as F
 
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import UserError
+from plot import main as plot_main
 from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import (
@@ -171,6 +173,11 @@ def test_training_scores_the_eval_tasks_into_metrics(tmp_path, data_dir):
         for key, value in result.metrics.items():
             assert last[f"eval/{result.name}/{key}"] == pytest.approx(value, rel=1e-4), key
     assert last["eval/centred_mean"] == pytest.approx(last["eval/next_line/acc"] / 0.75 - 1 / 3)
+    # plot.py draws them in a third panel beside the two losses
+    out = tmp_path / "loss.png"
+    plot_main(["loss", str(tmp_path / "run"), "--x", "tokens", "--out", str(out)])
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert width / height > 3  # three panels, 18 x 4.5 inches (the two losses alone: 12 x 4.5)
 
 
 def test_a_bad_eval_task_stops_training_before_it_starts(tmp_path, data_dir):
