@@ -112,7 +112,7 @@ def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: i
         context_len = max(len(g.context) for g in candidate)
         continuation_len = max(len(c) for g in candidate for c in g.continuations)
         rows = sum(len(g.continuations) for g in candidate)
-        logits_bytes = 4 * vocab_size * (len(candidate) * context_len + rows * continuation_len)
+        logits_bytes = 4 * vocab_size * (len(candidate) + rows * continuation_len)  # contexts: the last position
         fits = context_len + continuation_len - 1 <= block_size and logits_bytes <= LOGITS_BYTES
         if batch and (rows > batch_size or not fits):
             result.append(batch)
@@ -138,29 +138,38 @@ def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
     rows = torch.tensor([i for i, g in enumerate(groups) for _ in g.continuations], device=device)  # (R,)
     max_len = context_len + continuation_len - 1
     cache = model.new_cache(G, max_len)
-    context_logits, _ = model(contexts.to(device), cache=cache, pad=pad)  # (G, context_len, V)
-    logits = context_logits[rows, -1:]  # (R, 1, V): each continuation's first token
-    if continuation_len > 1:
-        if R > G:
-            row_cache = model.new_cache(R, max_len)
-            row_cache.copy_rows(cache, rows)
-            cache = row_cache
-        inputs = torch.zeros(R, continuation_len - 1, dtype=torch.long)  # right padded: later tokens go unread
-        for r, tokens in enumerate(continuations):
-            inputs[r, : len(tokens) - 1] = torch.tensor(tokens[:-1])
-        rest, _ = model(inputs.to(device), cache=cache, pad=pad[rows])  # (R, continuation_len - 1, V)
-        logits = torch.cat([logits, rest], dim=1)  # (R, continuation_len, V)
+    last_logits, _ = model(contexts.to(device), cache=cache, pad=pad, logits_to_keep=1)  # (G, 1, V)
     targets = torch.zeros(R, continuation_len, dtype=torch.long)
     real = torch.zeros(R, continuation_len, dtype=torch.bool)
     for r, tokens in enumerate(continuations):
         targets[r, : len(tokens)] = torch.tensor(tokens)
         real[r, : len(tokens)] = True
     targets, real = targets.to(device), real.to(device)
-    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, continuation_len, V)
-    token_log_probs = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (R, continuation_len)
-    sums = torch.where(real, token_log_probs, 0.0).sum(dim=1)  # (R,)
-    greedy = ((log_probs.argmax(dim=-1) == targets) | ~real).all(dim=1)  # (R,)
+    # each continuation's first token is read from its context's last position
+    sums, greedy = _score_tokens(last_logits[rows], targets[:, :1])  # (R,), (R,)
+    if continuation_len > 1:
+        if R > G:
+            row_cache = model.new_cache(R, max_len)
+            row_cache.copy_rows(cache, rows)
+            cache = row_cache
+        inputs = targets[:, :-1]  # right padded with 0: the padding's logits are read by no one
+        logits, _ = model(inputs, cache=cache, pad=pad[rows])  # (R, continuation_len - 1, V)
+        rest_sums, rest_greedy = _score_tokens(logits, targets[:, 1:], real[:, 1:])
+        sums, greedy = sums + rest_sums, greedy & rest_greedy
     return list(zip(sums.tolist(), greedy.tolist(), strict=True))
+
+
+def _score_tokens(
+    logits: torch.Tensor, targets: torch.Tensor, real: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of (R, T, V) logits: the summed log-probability of the (R, T) targets where real, and
+    whether each real target is the argmax."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, T, V)
+    token_log_probs = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (R, T)
+    hits = log_probs.argmax(dim=-1) == targets  # (R, T)
+    if real is not None:
+        token_log_probs, hits = torch.where(real, token_log_probs, 0.0), hits | ~real
+    return token_log_probs.sum(dim=1), hits.all(dim=1)
 
 
 def score_groups(model: GPT, groups: list[Group], batch_size: int, bar: tqdm | None = None) -> dict:
