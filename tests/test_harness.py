@@ -5,10 +5,12 @@ trainer/evaluate.py; and the harness runs its tasks on our model through trainer
 Skipped when lm-eval is not installed (pip install -e .[eval])."""
 
 import importlib.util
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from data.tokenizer import GPT2Tokenizer
 from tests.conftest import PROJECT_ROOT, tiny_model
@@ -131,3 +133,37 @@ def test_the_harness_runs_its_tasks_on_our_model(exported):
     assert [int(np.argmax([score for score, _ in sample["filtered_resps"]])) for sample in samples] == ours.predictions
     assert harness["results"]["local_next_line"]["acc,none"] == ours.metrics["acc"]
     assert harness["results"]["local_next_line"]["acc_norm,none"] == ours.metrics["acc_norm"]
+
+
+def test_rolling_log_likelihood_of_a_text_equals_eval_py_perplexity(exported, tmp_path):
+    from lm_eval.api.instance import Instance
+
+    from trainer.harness import HarnessModel
+
+    folder, _, model = exported
+    text = (TASKS / "passage.txt").read_text()[:400]
+    (tmp_path / "passage.txt").write_text(text)
+    request = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
+    (log_likelihood,) = HarnessModel(init_from=str(folder), device="cpu").loglikelihood_rolling([request])
+    result = evaluate_task(model, GPT2Tokenizer(), load_task(str(tmp_path / "passage.txt")), batch_size=4)
+    assert -log_likelihood == pytest.approx(math.log(result.metrics["ppl"]) * result.metrics["n"], rel=1e-5)
+
+
+def test_generation_is_greedy_and_stops_before_the_stop_string(exported):
+    from lm_eval.api.instance import Instance
+
+    from trainer.harness import HarnessModel
+
+    folder, _, model = exported
+    tokenizer = GPT2Tokenizer()
+    prompt_ids = tokenizer.encode("ROMEO:")
+    ids = list(prompt_ids)
+    with torch.no_grad():
+        for _ in range(8):
+            logits, _ = model(torch.tensor(ids)[None])
+            ids.append(int(logits[0, -1].argmax()))
+    greedy = tokenizer.decode(ids[len(prompt_ids) :])
+    stop = greedy[len(greedy) // 2 :][:3]
+    request = Instance("generate_until", {}, ("ROMEO:", {"until": [stop], "max_gen_toks": 8}), 0)
+    (text,) = HarnessModel(init_from=str(folder), device="cpu").generate_until([request])
+    assert text == greedy.split(stop)[0]

@@ -10,9 +10,10 @@ as lm-evaluation-harness does it, so that the figures compare with published one
 - multiple choice: `acc` picks the ending of highest summed log-likelihood, `acc_norm` the highest
   log-likelihood per character of the ending (ties go to the first); cloze: `acc` counts the
   continuations that greedy decoding would produce, `ppl` is exp(-mean summed log-likelihood);
-- text: the file's tokens in disjoint windows of block_size, each token predicted once (after an
-  <|endoftext|> where the tokenizer has one, so that the first is predicted too); `ppl` per token
-  and `bpb`, bits per UTF-8 byte, which compares models with different tokenizers.
+- text: the file's tokens in windows of block_size, each token predicted once (after an
+  <|endoftext|> where the tokenizer has one, so that the first is predicted too), the last window
+  reading back to a full block as the harness's rolling windows do; `ppl` per token and `bpb`, bits
+  per UTF-8 byte, which compares models with different tokenizers.
 
 Speed: the endings of one question share their context, so the contexts of a batch of questions go
 through the model once, left padded into one KV cache; its rows are then copied, one per ending
@@ -257,8 +258,11 @@ def evaluate_text(
             x = torch.zeros(len(rows), block_size, dtype=torch.long)
             y = torch.full((len(rows), block_size), -1, dtype=torch.long)  # -1: past the end, not scored
             for r, start in enumerate(rows):
-                window = torch.from_numpy(ids[start : start + block_size + 1])
+                end = min(start + block_size, len(ids) - 1)  # the window predicts ids[start + 1 : end + 1]
+                first = max(0, end - block_size)  # a short last window reads back to a full block, as the harness
+                window = torch.from_numpy(ids[first : end + 1])
                 x[r, : len(window) - 1], y[r, : len(window) - 1] = window[:-1], window[1:]
+                y[r, : start - first] = -1  # predicted by the window before
             logits, _ = model(x.to(device))
             nll += F.cross_entropy(
                 logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum"

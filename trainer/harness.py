@@ -8,7 +8,7 @@
 The harness finds models by name only among those its own package registers, so this module
 registers ours as `gpt-trainer` and then runs the harness's command line (every lm_eval option
 works). model_args: out_dir (a run), checkpoint (a ckpt.pt) or init_from (a Hugging Face folder),
-device (default cpu), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which
+device (default: a GPU if there is one), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which
 shares a question's context among its endings; generation is greedy unless the task asks otherwise.
 
 Imported only here: lm-eval is an optional extra, not a dependency of the rest of the project.
@@ -42,7 +42,7 @@ class HarnessModel(TemplateLM):
         out_dir: str | None = None,
         checkpoint: str | None = None,
         init_from: str | None = None,
-        device: str | None = "cpu",
+        device: str | None = None,
         dtype: str = "float32",
         batch_size: int | str | None = 32,
         **unused,
@@ -54,7 +54,11 @@ class HarnessModel(TemplateLM):
             from sample import load_model  # the one loader of runs and Hugging Face folders
 
             self.model, self.tokenizer, _ = load_model(SimpleNamespace(out_dir=out_dir, init_from=init_from))
-        self._device = resolve_device(device or "cpu", key="device")  # the harness reads it as .device
+        if (device or "").startswith("cuda") and not torch.cuda.is_available():
+            # the harness's command line passes cuda:0 unless told otherwise, and its own models fall back too
+            print(f"device={device!r} but this machine has no CUDA GPU: scoring on the CPU", file=sys.stderr)
+            device = "cpu"
+        self._device = resolve_device(device or "auto", key="device")  # the harness reads it as .device
         self.model.to(device=self._device, dtype=resolve_dtype(dtype, self._device, key="dtype"))
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 32  # "auto" is not measured here
 
