@@ -22,7 +22,6 @@ from trainer.tasks import load_task
 HARNESS = importlib.util.find_spec("lm_eval")
 pytestmark = pytest.mark.skipif(HARNESS is None, reason="lm-eval is not installed (pip install -e .[eval])")
 TASKS = PROJECT_ROOT / "tests" / "tasks"
-HARNESS_TASKS = Path(HARNESS.origin).parent / "tasks" if HARNESS else Path()
 # our --tasks entry -> (the harness's task definition to include, the shipped file it reads)
 AGREEMENT = {
     "next_line": (None, "next_line.jsonl"),
@@ -31,31 +30,13 @@ AGREEMENT = {
     "piqa": ("piqa/piqa.yaml", "piqa.jsonl"),
     "lambada": ("lambada/lambada_openai.yaml", "lambada.jsonl"),
 }
-# the local multiple-choice format, in the harness's task language
-LOCAL_CHOICE_YAML = """output_type: multiple_choice
-doc_to_text: "{{ctx}}"
-doc_to_choice: "{{endings}}"
-doc_to_target: "{{label}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-"""
-
-
-def task_yaml(name: str, include: str | None, data_file: Path) -> str:
-    head = f"include: {HARNESS_TASKS / include}\n" if include else LOCAL_CHOICE_YAML
-    return head + (
-        f"task: local_{name}\ndataset_path: json\ndataset_name: null\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data_file}\n"
-        "test_split: test\nvalidation_split: null\ntraining_split: null\n"
-    )
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, Path, object]:
     """A tiny GPT-2 BPE model with a 32-token block (so that long questions lose their start), its
     export with tokenizer files, and a folder of task definitions over the shipped files."""
-    from trainer.harness import write_gpt2_tokenizer
+    from trainer.harness import local_task_yaml, write_gpt2_tokenizer
 
     root = tmp_path_factory.mktemp("harness")
     model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size, block_size=32)
@@ -63,7 +44,7 @@ def exported(tmp_path_factory) -> tuple[Path, Path, object]:
     write_gpt2_tokenizer(root / "model")
     (root / "tasks").mkdir()
     for name, (include, data_file) in AGREEMENT.items():
-        (root / "tasks" / f"local_{name}.yaml").write_text(task_yaml(name, include, TASKS / data_file))
+        (root / "tasks" / f"local_{name}.yaml").write_text(local_task_yaml(f"local_{name}", TASKS / data_file, include))
     return root / "model", root / "tasks", model
 
 

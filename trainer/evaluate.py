@@ -106,9 +106,10 @@ def group_pairs(pairs: list[tuple[list[int], list[int]]], keys: list, block_size
 def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: int) -> list[list[Group]]:
     """Groups in batches of at most batch_size continuations (a larger group goes alone), whose
     longest context and longest continuation fit in one cache of block_size, and whose logits fit
-    in LOGITS_BYTES. Longest contexts first, so similar lengths share padding."""
+    in LOGITS_BYTES. Longest first, by continuation and then context: a batch holds several
+    continuations per context, padded to its longest, so that padding weighs most."""
     result, batch = [], []
-    for group in sorted(groups, key=lambda g: len(g.context), reverse=True):
+    for group in sorted(groups, key=lambda g: (max(map(len, g.continuations)), len(g.context)), reverse=True):
         candidate = batch + [group]
         context_len = max(len(g.context) for g in candidate)
         continuation_len = max(len(c) for g in candidate for c in g.continuations)

@@ -131,6 +131,33 @@ class HarnessModel(TemplateLM):
         return results
 
 
+# eval.py's local multiple-choice format ({"ctx", "endings", "label"}) in the harness's task language
+LOCAL_CHOICE_TASK = """output_type: multiple_choice
+doc_to_text: "{{ctx}}"
+doc_to_choice: "{{endings}}"
+doc_to_target: "{{label}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def local_task_yaml(task: str, data_file: Path, definition: str | None = None) -> str:
+    """A harness task definition named task that reads the JSON-lines data_file as its test split:
+    one of the harness's own definitions (definition: its path under lm_eval/tasks, e.g.
+    "hellaswag/hellaswag.yaml") pointed at the file, or eval.py's local multiple-choice format."""
+    head = (
+        f"include: {Path(lm_eval.models.__file__).parent.parent / 'tasks' / definition}\n"
+        if definition
+        else LOCAL_CHOICE_TASK
+    )
+    return head + (
+        f"task: {task}\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data_file}\n"
+        "test_split: test\nvalidation_split: null\ntraining_split: null\n"
+    )
+
+
 def write_gpt2_tokenizer(directory: Path) -> None:
     """GPT-2's tokenizer files (tokenizer.json and its config) in directory, made from the rank file
     the project ships, so that transformers' and the harness's `hf` model read an exported GPT-2
