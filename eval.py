@@ -27,7 +27,7 @@ from errors import UserError, run_cli
 from sample import load_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
-from trainer.runtime import resolve_device, resolve_dtype
+from trainer.runtime import DTYPES, resolve_device, resolve_dtype
 
 
 def parse_args() -> argparse.Namespace:
@@ -47,12 +47,8 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--json", metavar="OUT.json", help="write the figures to this file")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument(
-        "--dtype",
-        default="float32",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="the model is cast to this (default: float32; auto: bfloat16 or float16 on a GPU)",
-    )
+    dtype_help = "the model is cast to this (default: float32; auto: bfloat16 or float16 on a GPU)"
+    parser.add_argument("--dtype", default="float32", choices=("auto", *DTYPES), help=dtype_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args()
     args.tasks = [spec for entry in args.tasks for spec in entry.split(",") if spec]
