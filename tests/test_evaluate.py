@@ -49,11 +49,15 @@ def shakespeare_chars() -> CharTokenizer:
     return CharTokenizer.from_text((PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text())
 
 
-@pytest.mark.parametrize("block_size", [64, 160], ids=["contexts-cut", "contexts-whole"])
+@pytest.mark.parametrize(
+    "block_size,pattern",
+    [(64, {}), (160, {}), (64, {"attn_window": 8, "attn_sinks": 2}), (64, {"pos_emb": "rope", "n_kv_head": 1})],
+    ids=["contexts-cut", "contexts-whole", "sliding-window", "rope-shared-kv-heads"],
+)
 @pytest.mark.parametrize("batch_size", [1, 5, 100])
-def test_shared_context_batches_score_each_ending_as_alone(block_size, batch_size):
+def test_shared_context_batches_score_each_ending_as_alone(block_size, pattern, batch_size):
     tokenizer = shakespeare_chars()
-    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=block_size)
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=block_size, **pattern)
     items = load_task(str(TASKS / "next_line.jsonl"), limit=6).items
     with torch.no_grad():
         expected = scores_one_at_a_time(model, tokenizer, items)

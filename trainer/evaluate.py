@@ -17,7 +17,8 @@ as lm-evaluation-harness does it, so that the figures compare with published one
 
 Speed: the endings of one question share their context, so the contexts of a batch of questions go
 through the model once, left padded into one KV cache; its rows are then copied, one per ending
-(KVCache.copy_rows), and all endings of the batch go through in one more forward pass.
+(KVCache.copy_rows), and the endings of the batch go through in two more forward passes, the
+longer half and the shorter, each padded to its own longest.
 """
 
 import math
@@ -126,7 +127,7 @@ def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: i
 @torch.no_grad()
 def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
     """(summed log-likelihood, whether greedy decoding gives it) of every continuation of the
-    groups, in order: the contexts in one forward pass, then every continuation in one more."""
+    groups, in order: the contexts in one forward pass, then the continuations in two more."""
     device = model.transformer.wte.weight.device
     G = len(groups)
     context_len = max(len(g.context) for g in groups)
@@ -149,15 +150,27 @@ def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
     targets, real = targets.to(device), real.to(device)
     # each continuation's first token is read from its context's last position
     sums, greedy = _score_tokens(last_logits[rows], targets[:, :1])  # (R,), (R,)
-    if continuation_len > 1:
+    lengths = torch.tensor([len(tokens) for tokens in continuations], device=device)  # (R,)
+    if R == G:  # one continuation per context (cloze): the contexts' cache serves as it is
+        pieces = [torch.arange(R, device=device)]
+    else:
+        # two passes, the longer half of the continuations and then the shorter, each padded to its
+        # own longest: endings of one question differ in length, and padding costs what tokens do
+        order = torch.argsort(lengths, descending=True, stable=True)
+        pieces = [order[: (R + 1) // 2], order[(R + 1) // 2 :]]
+    for piece in pieces:
+        piece_len = int(lengths[piece].max())
+        if piece_len == 1:
+            continue  # every token of these was read from the contexts' last positions
+        piece_cache = cache
         if R > G:
-            row_cache = model.new_cache(R, max_len)
-            row_cache.copy_rows(cache, rows)
-            cache = row_cache
-        inputs = targets[:, :-1]  # right padded with 0: the padding's logits are read by no one
-        logits, _ = model(inputs, cache=cache, pad=pad[rows])  # (R, continuation_len - 1, V)
-        rest_sums, rest_greedy = _score_tokens(logits, targets[:, 1:], real[:, 1:])
-        sums, greedy = sums + rest_sums, greedy & rest_greedy
+            piece_cache = model.new_cache(len(piece), max_len)
+            piece_cache.copy_rows(cache, rows[piece])
+        inputs = targets[piece, : piece_len - 1]  # right padded with 0: the padding's logits are read by no one
+        logits, _ = model(inputs, cache=piece_cache, pad=pad[rows[piece]])  # (piece, piece_len - 1, V)
+        piece_sums, piece_greedy = _score_tokens(logits, targets[piece, 1:piece_len], real[piece, 1:piece_len])
+        sums[piece] += piece_sums
+        greedy[piece] &= piece_greedy
     return list(zip(sums.tolist(), greedy.tolist(), strict=True))
 
 
