@@ -9,7 +9,8 @@
 `loss` reads each run directory's metrics.jsonl (a run still training too: its last, half-written
 line is left out) and config.toml, draws the train loss of the logged steps and the val loss of the
 evaluations against steps, tokens trained on or wall time, with a legend of the run names, and
-prints a table of each run's last evaluation: val loss, bits per byte and wall time.
+prints a table of each run's last evaluation: val loss, bits per byte and wall time. Runs that
+scored [eval] tasks get a third panel: each task's acc and the centred mean (eval.py's figures).
 
 `mask` draws which keys (columns) each query (rows) may attend to, from the same rule the model
 uses (model/masks.py): dark cells are allowed, light ones blocked. A prefix-LM picture shows a
@@ -141,11 +142,19 @@ class Run:
 
 def plot_loss(args: argparse.Namespace) -> None:
     runs = [Run.read(directory) for directory in args.runs]
-    fig, (train_ax, val_ax) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    figures = downstream_keys(runs)
+    fig, axes = plt.subplots(1, 3 if figures else 2, figsize=(18 if figures else 12, 4.5))
+    train_ax, val_ax = axes[:2]
+    val_ax.sharey(train_ax)
     for run in runs:
         (line,) = train_ax.plot(*run.curve("loss", args.x), linewidth=1, label=run.name)
         val_ax.plot(*run.curve("val_loss", args.x), marker="o", markersize=3, color=line.get_color(), label=run.name)
-    for ax, title in ((train_ax, "train loss (each logged step)"), (val_ax, "val loss (each evaluation)")):
+        for number, key in enumerate(figures):
+            style = ["-", "--", ":", "-."][number % 4]
+            label = f"{run.name}: {key.removeprefix('eval/')}"
+            axes[2].plot(*run.curve(key, args.x), style, marker="o", markersize=3, color=line.get_color(), label=label)
+    titles = ["train loss (each logged step)", "val loss (each evaluation)", "[eval] tasks: acc and centred mean"]
+    for ax, title in zip(axes, titles, strict=False):  # two axes when no run scored tasks
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(X_AXES[args.x])
         ax.grid(alpha=0.3)
@@ -153,6 +162,12 @@ def plot_loss(args: argparse.Namespace) -> None:
     train_ax.set_ylabel("cross-entropy (nats per token)")
     save(fig, args.out)
     print_table(["run", "step", "val loss", "val bpb", "wall time (s)"], [run.summary() for run in runs])
+
+
+def downstream_keys(runs: list[Run]) -> list[str]:
+    """The [eval] figures the runs logged that are drawn: each task's acc, and the centred mean."""
+    keys = {key for run in runs for record in run.records for key in record if key.startswith("eval/")}
+    return sorted(key for key in keys if key.endswith("/acc") or key == "eval/centred_mean")
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

@@ -226,9 +226,13 @@ class GPT(nn.Module):
         cache: KVCache | None = None,
         pad: torch.Tensor | None = None,
         prefix: torch.Tensor | None = None,
+        logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, when targets (B, T) are
         given, the mean cross-entropy over targets that are not -1 (padding).
+        logits_to_keep: compute the logits of the last logits_to_keep positions only, (B,
+        logits_to_keep, vocab_size); 0 = all. Scoring a long context needs only its last position's,
+        and the output layer is the largest product of the pass.
 
         With a cache, idx continues the tokens already cached: it fills the cache's next T slots.
         pad: (B,) left padding, so rows of different lengths share a batch: the first pad[b] slots
@@ -258,7 +262,7 @@ class GPT(nn.Module):
         x = self.transformer.ln_f(x)
         if cache is not None:
             cache.advance(T)
-        logits = self.softcap(self.lm_head(x))  # (B, T, vocab_size)
+        logits = self.softcap(self.lm_head(x[:, -logits_to_keep:]))  # (B, T or logits_to_keep, vocab_size)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)

@@ -127,6 +127,19 @@ class KVCache:
         if self.static:
             self.next_slot += n_tokens
 
+    def copy_rows(self, source: "KVCache", rows: torch.Tensor) -> None:
+        """Make row i of this cache a copy of row rows[i] of source, a cache of the same kind and
+        length: several continuations of one prefix, each in its own row, without encoding the
+        prefix once per continuation. rows: (batch_size,) indices into source's rows."""
+        for mine, theirs in zip(self._row_buffers(), source._row_buffers(), strict=True):
+            torch.index_select(theirs, 0, rows, out=mine)
+        self.pos = source.pos
+        self.next_slot.copy_(source.next_slot)
+
+    def _row_buffers(self) -> list[torch.Tensor]:
+        """Every buffer with one row per sequence."""
+        return [*self.k, *self.v, self.doc_ids, self.eot_seen, self.doc_start]
+
     def reset(self) -> None:
         """Forget the cached tokens; the memory is kept and overwritten."""
         self.pos = 0
@@ -182,6 +195,9 @@ class RollingKVCache(KVCache):
         self.k[layer].scatter_(2, index, k)
         self.v[layer].scatter_(2, index, v)
         return keys, values
+
+    def _row_buffers(self) -> list[torch.Tensor]:
+        return [*super()._row_buffers(), self.positions]
 
     def reset(self) -> None:
         super().reset()

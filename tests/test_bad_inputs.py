@@ -31,6 +31,7 @@ from trainer.pretrained import export_gpt2
 class Case:
     id: str
     script: str  # the entry point: train.py, sample.py, data/prepare.py, plot.py or a bench/ script
+    script: str  # the entry point: train.py, sample.py, eval.py or data/prepare.py
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -185,6 +186,8 @@ def empty_val_split(workspace: Path) -> None:
 
 TRAIN = ["--config", "tiny.toml"]
 RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
+EVAL = ["--out-dir", "out/tiny", "--device", "cpu", "--no-progress", "--tasks"]
+ITEM = '{"ctx": "ROMEO:", "endings": ["Peace!", "Away!"], "label": 0}\n'  # a good multiple-choice item
 TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 
 CATALOGUE = [
@@ -327,6 +330,15 @@ CATALOGUE = [
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
     Case("hand-written-run-config", "train.py", ["--config", "out/mine/config.toml"], "train.out_dir='out/mine' holds a config.toml that train.py did not write", lambda ws: write_files("out/mine/config.toml")(ws, tiny_toml("out/mine", "data"))),
     Case("run-directory-in-use", "train.py", RESUME, "train.out_dir='out/tiny' is in use by another training (pid", hold_lock("out/tiny/train.lock")),
+    # evaluation: every item is checked before any is scored; --json is written only when every task is
+    Case("eval-item-missing-a-field", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 2: field 'label' is missing", write("items.jsonl", ITEM + '{"ctx": "ROMEO:", "endings": ["a", "b"]}\n')),
+    Case("eval-label-out-of-range", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'label'=2 is out of range (it has 2 endings: use 0 .. 1)", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", "b"], "label": 2}\n')),
+    Case("eval-empty-ending", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'endings': ending 1 is empty", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", " "], "label": 0}\n')),
+    Case("eval-item-not-json", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl line 1 is not JSON", write("items.jsonl", "{ctx: ROMEO}\n")),
+    Case("eval-hub-task-offline", "eval.py", [*EVAL, "hellaswag"], "--tasks hellaswag: Rowan/hellaswag cannot be read from the Hugging Face hub", env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}),
+    Case("eval-unknown-task", "eval.py", [*EVAL, "hellaswagg"], "--tasks 'hellaswagg' is neither a built-in task (hellaswag, arc_easy"),
+    Case("eval-text-outside-vocabulary", "eval.py", [*EVAL, "items.jsonl,odd.jsonl", "--json", "out.json"], "odd.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿', 'é'", lambda ws: (write("items.jsonl", ITEM)(ws), write("odd.jsonl", '{"ctx": "ROMEO: ¿qué?", "endings": ["a", "b"], "label": 0}\n')(ws))),
+    Case("eval-same-task-twice", "eval.py", [*EVAL, "items.jsonl,sub/items.jsonl"], "--tasks names 'items' twice", lambda ws: write_files("items.jsonl", "sub/items.jsonl")(ws, ITEM)),
 ]  # fmt: skip
 
 

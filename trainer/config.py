@@ -182,12 +182,31 @@ class WandbConfig:
 
 
 @dataclass
+class EvalConfig:
+    tasks: str = ""  # eval.py --tasks entries to score while training, comma-separated; "" = none
+    items: int = 200  # items of each task scored each time (text: windows of block_size); 0 = all
+    every: int = 1  # score the tasks at every Nth loss evaluation (train.eval_interval steps apart) and at the end
+    batch_size: int = 32  # endings scored in one forward pass
+
+    def __post_init__(self):
+        for name in ("every", "batch_size"):
+            _check_positive(self, name)
+        if self.items < 0:
+            raise ValueError(f"items={self.items} must be 0 (all) or positive")
+
+    @property
+    def task_list(self) -> list[str]:
+        return [spec.strip() for spec in self.tasks.split(",") if spec.strip()]
+
+
+@dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}

@@ -31,6 +31,7 @@ from trainer.config import (
     run_config_toml,
 )
 from trainer.distributed import ParallelModel, World
+from trainer.evaluate import TaskResult, evaluate_task, load_tasks, metrics_record, summary_lines
 from trainer.metrics import (
     METRICS_NAME,
     MetricsLog,
@@ -94,6 +95,9 @@ class Trainer:
             "use one of them, or -1 for its tokenizer's end-of-text token",
         )
         self.dataset.check_fits(cfg.model.block_size)
+        # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
+        self.tokenizer = tokenizer_from_meta(self.dataset.meta)
+        self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
         if checkpoint is not None:
             _check_resumable(checkpoint, cfg, self.dataset.meta, self.run_dir)
 
@@ -320,13 +324,36 @@ class Trainer:
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
             # nats per token -> bits per token -> bits per byte of text: comparable across tokenizers
             record[f"{split}_bpb"] = loss / math.log(2) / self.dataset.bytes_per_token(split)
-        self._record(record)
+        results = self._score_tasks(stop)
+        if results is None:
+            return False
+        self._record(record | metrics_record(results))
         if self.world.is_main:
             write(
                 f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
                 f"(perplexity {record['val_perplexity']:.2f}, {record['val_bpb']:.4f} bits per byte)"
             )
+            if results:
+                write(f"step {self.step}: " + "; ".join(summary_lines(results)))
         return True
+
+    def _score_tasks(self, stop: "StopSignals") -> list[TaskResult] | None:
+        """The [eval] tasks' figures at every eval.every-th evaluation and at the last step, else none;
+        None if a stop request came first (agreed on after each task). Every process scores the same
+        items (a sharded model's forward pass needs them all)."""
+        cfg = self.cfg
+        due = (self.step // cfg.train.eval_interval) % cfg.eval.every == 0 or self.step == cfg.train.max_iters
+        if not self.tasks or not due:
+            return []
+        limit = cfg.eval.items or None
+        agreement = stop.during_evaluation()
+        results = []
+        with autocast(self.device, self.dtype):
+            for task in self.tasks:
+                results.append(evaluate_task(self.model, self.tokenizer, task, cfg.eval.batch_size, limit=limit))
+                if agreement.requested(len(results)) is not None:
+                    return None
+        return results
 
     def _evaluation_pending(self) -> bool:
         """Whether the checkpoint's step is an evaluation step whose evaluation a stop cut short (its

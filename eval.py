@@ -1,0 +1,88 @@
+"""Score a model on multiple-choice, cloze and perplexity tasks.
+
+    python eval.py --out-dir out/shakespeare_gpt2 --tasks hellaswag,arc_easy,piqa,lambada
+    python eval.py --init-from models/gpt2 --tasks my_items.jsonl --json out.json --device cpu
+    python eval.py --checkpoint out/run/ckpt.pt --tasks hellaswag=hellaswag_val.jsonl,notes.txt
+
+--tasks takes built-in names (hellaswag, arc_easy, arc_challenge, piqa, lambada: read from the
+Hugging Face hub through `datasets`, prepared as lm-evaluation-harness prepares them), NAME=FILE
+(a built-in task from a local JSON-lines copy of the hub's records, for a machine offline), or
+local files: a .jsonl of {"ctx": ..., "endings": [...], "label": i} (multiple choice) or
+{"text": ...} (cloze: the last word), or any other file as text (perplexity and bits per byte).
+
+Each ending is scored by its summed log-likelihood after the context and one space: acc picks the
+highest, acc_norm the highest per character of the ending. Cloze: acc is the share of last words
+that greedy decoding gets exactly, ppl their perplexity. Text: ppl per token, bpb bits per UTF-8
+byte. Each accuracy is also given centred, (acc - chance) / (1 - chance), and the last line is
+their mean over the tasks. --json writes the figures only once every task is scored.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from data.files import atomic_open, check_writable_dir
+from errors import UserError, run_cli
+from sample import load_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
+from trainer.runtime import DTYPES, resolve_device, resolve_dtype
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_source = parser.add_mutually_exclusive_group()
+    model_source.add_argument(
+        "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"
+    )
+    model_source.add_argument("--checkpoint", help="a checkpoint file written by train.py")
+    model_source.add_argument("--init-from", help="a Hugging Face model directory (as sample.py --init-from)")
+    parser.add_argument(
+        "--tasks", required=True, nargs="+", help="tasks, comma- or space-separated: NAME, NAME=FILE or FILE"
+    )
+    parser.add_argument("--limit", type=int, help="score the first N items of each task (text: N windows)")
+    parser.add_argument(
+        "--batch-size", type=int, default=32, help="endings (or text windows) scored in one forward pass (default: 32)"
+    )
+    parser.add_argument("--json", metavar="OUT.json", help="write the figures to this file")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    dtype_help = "the model is cast to this (default: float32; auto: bfloat16 or float16 on a GPU)"
+    parser.add_argument("--dtype", default="float32", choices=("auto", *DTYPES), help=dtype_help)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args()
+    args.tasks = [spec for entry in args.tasks for spec in entry.split(",") if spec]
+    if args.limit is not None and args.limit < 1:
+        raise UserError(f"--limit={args.limit} is not allowed (use 1 or more)")
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size={args.batch_size} is not allowed (use 1 or more)")
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    if args.json is not None:
+        check_writable_dir(Path(args.json).parent, "--json's folder")
+    device = resolve_device(args.device, key="--device")
+    dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    if args.checkpoint is not None:
+        path = Path(args.checkpoint)
+        model, tokenizer = model_from_checkpoint(load_checkpoint(path), path)
+        source = path
+    else:
+        model, tokenizer, source = load_model(args)
+    tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size)
+    model.to(device=device, dtype=dtype)
+    print(f"evaluating {source} on {device.type}", file=sys.stderr)
+    results = [
+        evaluate_task(model, tokenizer, task, args.batch_size, progress=not args.no_progress, limit=args.limit)
+        for task in tasks
+    ]
+    print("\n".join(summary_lines(results)))
+    if args.json is not None:
+        with atomic_open(Path(args.json)) as f:
+            f.write((json.dumps(results_json(results), indent=2) + "\n").encode("utf-8"))
+
+
+if __name__ == "__main__":
+    run_cli(main)

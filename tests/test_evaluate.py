@@ -1,0 +1,194 @@
+"""Evaluation: multiple choice, cloze and text scored as lm-evaluation-harness scores them, whatever
+the batching, and eval.py's figures."""
+
+import json
+import math
+
+import matplotlib.image
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
+from errors import UserError
+from plot import main as plot_main
+from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.evaluate import (
+    TaskResult,
+    centred_mean,
+    evaluate_task,
+    score_items,
+    split_tokens,
+)
+from trainer.loop import Trainer
+from trainer.metrics import read_metrics
+from trainer.pretrained import export_gpt2
+from trainer.tasks import Item, Task, load_task
+
+TASKS = PROJECT_ROOT / "tests" / "tasks"
+
+
+def scores_one_at_a_time(model, tokenizer, items) -> list[list[float]]:
+    """Each continuation scored alone, in one full forward pass over its last block_size + 1 tokens."""
+    block_size = model.config.block_size
+    result = []
+    for item in items:
+        item_scores = []
+        for continuation in item.continuations:
+            context, tokens = split_tokens(tokenizer, item.context, continuation, item.where)
+            ids = (context + tokens)[-(block_size + 1) :]
+            logits, _ = model(torch.tensor(ids[:-1])[None])
+            log_probs = F.log_softmax(logits[0, -len(tokens) :], dim=-1)
+            item_scores.append(log_probs.gather(-1, torch.tensor(tokens)[:, None]).sum().item())
+        result.append(item_scores)
+    return result
+
+
+def shakespeare_chars() -> CharTokenizer:
+    return CharTokenizer.from_text((PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text())
+
+
+@pytest.mark.parametrize(
+    "block_size,pattern",
+    [(64, {}), (160, {}), (64, {"attn_window": 8, "attn_sinks": 2}), (64, {"pos_emb": "rope", "n_kv_head": 1})],
+    ids=["contexts-cut", "contexts-whole", "sliding-window", "rope-shared-kv-heads"],
+)
+@pytest.mark.parametrize("batch_size", [1, 5, 100])
+def test_shared_context_batches_score_each_ending_as_alone(block_size, pattern, batch_size):
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=block_size, **pattern)
+    items = load_task(str(TASKS / "next_line.jsonl"), limit=6).items
+    with torch.no_grad():
+        expected = scores_one_at_a_time(model, tokenizer, items)
+    scored = score_items(model, tokenizer, items, batch_size)
+    for item_scores, item_expected in zip(scored, expected, strict=True):
+        assert [score for score, _ in item_scores] == pytest.approx(item_expected, abs=1e-4)
+
+
+def test_trailing_context_spaces_move_to_the_continuation():
+    tokenizer = GPT2Tokenizer()
+    context, tokens = split_tokens(tokenizer, "To be or not to ", " be", "here")
+    assert tokenizer.decode(context) == "To be or not to"
+    assert tokenizer.decode(tokens) == "  be"
+
+
+def test_cloze_is_right_exactly_when_greedy_decoding_gives_the_word():
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size)
+    context = "ROMEO: what"
+    ids = tokenizer.encode(context)
+    with torch.no_grad():
+        for _ in range(3):
+            logits, _ = model(torch.tensor(ids)[None])
+            ids.append(int(logits[0, -1].argmax()))
+    greedy = tokenizer.decode(ids)[len(context) :]
+    wrong = greedy[:2] + next(ch for ch in "abc" if ch != greedy[2])
+    items = [Item(context, [word], [word], 0, f"item {n}") for n, word in enumerate([greedy, wrong])]
+    for item in items:
+        result = evaluate_task(model, tokenizer, Task("cloze", "cloze", "here", [item]), batch_size=4)
+        (score,) = scores_one_at_a_time(model, tokenizer, [item])[0]
+        assert result.metrics["acc"] == float(item.continuations[0] == greedy)
+        assert result.metrics["ppl"] == pytest.approx(math.exp(-score), rel=1e-4)
+
+
+def test_text_bits_per_byte_are_the_mean_loss_over_bytes(tmp_path):
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=16)
+    text = (TASKS / "passage.txt").read_text()[:200]  # ASCII: one byte a character
+    (tmp_path / "passage.txt").write_text(text)
+    result = evaluate_task(model, tokenizer, load_task(str(tmp_path / "passage.txt")), batch_size=3)
+    ids = torch.tensor(tokenizer.encode(text))
+    losses = []
+    with torch.no_grad():
+        for start in range(0, len(ids) - 1, 16):  # windows of block_size, each token predicted once
+            end = min(start + 16, len(ids) - 1)
+            first = max(0, end - 16)  # the short last window reads back to a full block
+            logits, _ = model(ids[None, first:end])
+            log_probs = F.log_softmax(logits[0, start - first :], dim=-1)
+            losses.append(-log_probs.gather(-1, ids[start + 1 : end + 1, None]).sum().item())
+    nats = sum(losses)
+    assert result.metrics["n"] == len(text) - 1
+    assert result.metrics["bpb"] == pytest.approx(nats / math.log(2) / (len(text) - 1), rel=1e-5)
+    assert result.metrics["ppl"] == pytest.approx(math.exp(nats / (len(text) - 1)), rel=1e-5)
+
+
+def test_centred_mean_puts_chance_at_zero_and_perfect_at_one():
+    results = [
+        TaskResult("guess", "choice", {"acc": 0.25, "acc_norm": 0.3, "n": 4}, chance=0.25),
+        TaskResult("perfect", "choice", {"acc": 1.0, "acc_norm": 1.0, "n": 4}, chance=0.5),
+        TaskResult("text", "text", {"ppl": 3.0, "bpb": 1.0, "n": 9}),
+    ]
+    assert [result.centred for result in results] == [0.0, 1.0, None]
+    assert centred_mean(results) == 0.5
+
+
+@pytest.mark.parametrize(
+    "spec,kind,n_choices",
+    [
+        ("next_line.jsonl", "choice", {4}),
+        ("last_word.jsonl", "cloze", {1}),
+        ("hellaswag=hellaswag.jsonl", "choice", {4}),
+        ("arc_easy=arc.jsonl", "choice", {3, 4, 5}),
+        ("piqa=piqa.jsonl", "choice", {2}),
+        ("lambada=lambada.jsonl", "cloze", {1}),
+    ],
+)
+def test_shipped_task_files_read_in_every_format(spec, kind, n_choices):
+    name, _, path = spec.rpartition("=")
+    task = load_task(f"{name}={TASKS / path}" if name else str(TASKS / path))
+    assert task.kind == kind and len(task.items) >= 20
+    assert {len(item.choices) for item in task.items} <= n_choices
+
+
+def test_hellaswag_records_lose_their_bracketed_marks():
+    task = load_task(f"hellaswag={TASKS / 'hellaswag.jsonl'}")
+    assert not any("[" in item.context or any("[" in c for c in item.choices) for item in task.items)
+    assert any(". Act" in choice for item in task.items for choice in item.choices)  # " [title]" became ". "
+
+
+def test_eval_py_writes_every_task_under_its_stem(tmp_path, monkeypatch, capsys):
+    tokenizer = GPT2Tokenizer()
+    model = tiny_model(vocab_size=tokenizer.vocab_size)
+    export_gpt2(model, tokenizer, tmp_path / "model")
+    tasks = [str(TASKS / "next_line.jsonl"), f"lambada={TASKS / 'lambada.jsonl'}", str(TASKS / "passage.txt")]
+    out = tmp_path / "out.json"
+    args = ["--init-from", str(tmp_path / "model"), "--tasks", ",".join(tasks), "--json", str(out), "--device", "cpu"]
+    assert run_entry_point("eval.py", [*args, "--limit", "6"], monkeypatch) == 0
+    figures = json.loads(out.read_text())
+    assert list(figures["tasks"]) == ["next_line", "lambada", "passage"]
+    expected = [evaluate_task(model, tokenizer, load_task(spec, 6), 32, limit=6) for spec in tasks]
+    for result in expected:
+        assert figures["tasks"][result.name] == pytest.approx(result.metrics)
+    assert figures["centred_mean"] == pytest.approx(centred_mean(expected))
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in printed] == ["next_line", "lambada", "passage", "centred"]
+
+
+def test_training_scores_the_eval_tasks_into_metrics(tmp_path, data_dir):
+    tasks = f"{TASKS / 'next_line.jsonl'},{TASKS / 'passage.txt'}"
+    cfg = tiny_config(tmp_path / "run", data_dir, model__block_size=64, eval__tasks=tasks, eval__items=4, eval__every=2)
+    Trainer(cfg).fit()  # losses at steps 0, 10, 20; tasks at every 2nd evaluation and the last
+    records = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r]
+    scored = [r["step"] for r in records if "eval/next_line/acc" in r]
+    assert scored == [0, 20]
+    last = records[-1]
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path)
+    for spec in tasks.split(","):
+        result = evaluate_task(model, tokenizer, load_task(spec, 4), batch_size=32, limit=4)
+        for key, value in result.metrics.items():
+            assert last[f"eval/{result.name}/{key}"] == pytest.approx(value, rel=1e-4), key
+    assert last["eval/centred_mean"] == pytest.approx(last["eval/next_line/acc"] / 0.75 - 1 / 3)
+    # plot.py draws them in a third panel beside the two losses
+    out = tmp_path / "loss.png"
+    plot_main(["loss", str(tmp_path / "run"), "--x", "tokens", "--out", str(out)])
+    height, width, _ = matplotlib.image.imread(out).shape
+    assert width / height > 3  # three panels, 18 x 4.5 inches (the two losses alone: 12 x 4.5)
+
+
+def test_a_bad_eval_task_stops_training_before_it_starts(tmp_path, data_dir):
+    (tmp_path / "odd.jsonl").write_text('{"ctx": "ROMEO:", "endings": ["a", "b"], "label": 3}\n')
+    cfg = tiny_config(tmp_path / "run", data_dir, eval__tasks=str(tmp_path / "odd.jsonl"))
+    with pytest.raises(UserError, match="odd.jsonl item 1: field 'label'=3 is out of range"):
+        Trainer(cfg)
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()

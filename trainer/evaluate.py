@@ -1,0 +1,369 @@
+"""Scoring a model on evaluation tasks (trainer/tasks.py): multiple choice, cloze, perplexity.
+
+A continuation's score is the sum of the log-probabilities of its tokens given the context, computed
+as lm-evaluation-harness does it, so that the figures compare with published ones:
+
+- context and continuation are encoded together and split where the context's own tokens end
+  (trailing spaces of the context move to the continuation first);
+- a pair longer than the model's block keeps its last block_size + 1 tokens, so a long context
+  loses its beginning;
+- multiple choice: `acc` picks the ending of highest summed log-likelihood, `acc_norm` the highest
+  log-likelihood per character of the ending (ties go to the first); cloze: `acc` counts the
+  continuations that greedy decoding would produce, `ppl` is exp(-mean summed log-likelihood);
+- text: the file's tokens in windows of block_size, each token predicted once (after an
+  <|endoftext|> where the tokenizer has one, so that the first is predicted too), the last window
+  reading back to a full block as the harness's rolling windows do; `ppl` per token and `bpb`, bits
+  per UTF-8 byte, which compares models with different tokenizers.
+
+Speed: the endings of one question share their context, so the contexts of a batch of questions go
+through the model once, left padded into one KV cache; its rows are then copied, one per ending
+(KVCache.copy_rows), and the endings of the batch go through in two more forward passes, the
+longer half and the shorter, each padded to its own longest.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from data.tokenizer import Tokenizer
+from errors import UserError
+from model import GPT
+from trainer.tasks import Item, Task, load_task
+
+LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
+
+
+@dataclass
+class Group:
+    """Continuations scored after the same context tokens: each (item, continuation) pair of a
+    question, unless truncation to the block gives them different contexts."""
+
+    context: list[int]
+    continuations: list[list[int]]
+    keys: list[tuple[int, int]]  # (item, continuation) of each continuation
+
+
+@dataclass
+class TaskResult:
+    name: str
+    kind: str
+    metrics: dict[str, float]  # acc, acc_norm, ppl, bpb, n, as the kind has them
+    predictions: list[int] = field(default_factory=list)  # per item: the ending picked by acc
+    predictions_norm: list[int] = field(default_factory=list)  # per item: by acc_norm
+    chance: float | None = None  # acc of guessing; None for text
+
+    @property
+    def centred(self) -> float | None:
+        """acc rescaled so that guessing is 0 and a perfect score 1 (nanochat's CORE does this)."""
+        if self.chance is None:
+            return None
+        return (self.metrics["acc"] - self.chance) / (1 - self.chance)
+
+
+def split_tokens(tokenizer: Tokenizer, context: str, continuation: str, where: str) -> tuple[list[int], list[int]]:
+    """The context's tokens and the continuation's, split as lm-evaluation-harness splits them."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+    try:
+        whole = tokenizer.encode(context + continuation)
+        context_ids = tokenizer.encode(context)
+    except UserError as e:
+        raise UserError(f"{where}: {e}") from None
+    return context_ids, whole[len(context_ids) :]
+
+
+def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> list[Group]:
+    """The groups of continuations to score, each context cut to what fits the block."""
+    pairs, keys = [], []
+    for item_index, item in enumerate(items):
+        for number, continuation in enumerate(item.continuations):
+            pairs.append(split_tokens(tokenizer, item.context, continuation, item.where))
+            keys.append((item_index, number))
+            if len(pairs[-1][1]) > block_size:
+                raise UserError(
+                    f"{item.where}: continuation {number} is {len(pairs[-1][1])} tokens, more than the model's "
+                    f"block_size={block_size} (shorten it)"
+                )
+    return group_pairs(pairs, keys, block_size)
+
+
+def group_pairs(pairs: list[tuple[list[int], list[int]]], keys: list, block_size: int) -> list[Group]:
+    """(context, continuation) token pairs in groups by their context once cut to the block: a pair
+    keeps its last block_size + 1 tokens, the last of which is never read."""
+    by_context: dict[tuple[int, ...], Group] = {}
+    for (context, tokens), key in zip(pairs, keys, strict=True):
+        context = context[max(0, len(context) + len(tokens) - block_size - 1) :]
+        group = by_context.setdefault(tuple(context), Group(context, [], []))
+        group.continuations.append(tokens)
+        group.keys.append(key)
+    return list(by_context.values())
+
+
+def batches(groups: list[Group], block_size: int, batch_size: int, vocab_size: int) -> list[list[Group]]:
+    """Groups in batches of at most batch_size continuations (a larger group goes alone), whose
+    longest context and longest continuation fit in one cache of block_size, and whose logits fit
+    in LOGITS_BYTES. Longest first, by continuation and then context: a batch holds several
+    continuations per context, padded to its longest, so that padding weighs most."""
+    result, batch = [], []
+    for group in sorted(groups, key=lambda g: (max(map(len, g.continuations)), len(g.context)), reverse=True):
+        candidate = batch + [group]
+        context_len = max(len(g.context) for g in candidate)
+        continuation_len = max(len(c) for g in candidate for c in g.continuations)
+        rows = sum(len(g.continuations) for g in candidate)
+        logits_bytes = 4 * vocab_size * (len(candidate) + rows * continuation_len)  # contexts: the last position
+        fits = context_len + continuation_len - 1 <= block_size and logits_bytes <= LOGITS_BYTES
+        if batch and (rows > batch_size or not fits):
+            result.append(batch)
+            candidate = [group]
+        batch = candidate
+    return result + [batch] if batch else result
+
+
+@torch.no_grad()
+def score_batch(model: GPT, groups: list[Group]) -> list[tuple[float, bool]]:
+    """(summed log-likelihood, whether greedy decoding gives it) of every continuation of the
+    groups, in order: the contexts in one forward pass, then the continuations in two more."""
+    device = model.transformer.wte.weight.device
+    G = len(groups)
+    context_len = max(len(g.context) for g in groups)
+    continuations = [c for g in groups for c in g.continuations]
+    R = len(continuations)
+    continuation_len = max(len(c) for c in continuations)
+    contexts = torch.zeros(G, context_len, dtype=torch.long)
+    for i, group in enumerate(groups):
+        contexts[i, context_len - len(group.context) :] = torch.tensor(group.context)
+    pad = torch.tensor([context_len - len(g.context) for g in groups], device=device)  # (G,) left padding
+    rows = torch.tensor([i for i, g in enumerate(groups) for _ in g.continuations], device=device)  # (R,)
+    max_len = context_len + continuation_len - 1
+    cache = model.new_cache(G, max_len)
+    last_logits, _ = model(contexts.to(device), cache=cache, pad=pad, logits_to_keep=1)  # (G, 1, V)
+    targets = torch.zeros(R, continuation_len, dtype=torch.long)
+    real = torch.zeros(R, continuation_len, dtype=torch.bool)
+    for r, tokens in enumerate(continuations):
+        targets[r, : len(tokens)] = torch.tensor(tokens)
+        real[r, : len(tokens)] = True
+    targets, real = targets.to(device), real.to(device)
+    # each continuation's first token is read from its context's last position
+    sums, greedy = _score_tokens(last_logits[rows], targets[:, :1])  # (R,), (R,)
+    lengths = torch.tensor([len(tokens) for tokens in continuations], device=device)  # (R,)
+    if R == G:  # one continuation per context (cloze): the contexts' cache serves as it is
+        pieces = [torch.arange(R, device=device)]
+    else:
+        # two passes, the longer half of the continuations and then the shorter, each padded to its
+        # own longest: endings of one question differ in length, and padding costs what tokens do
+        order = torch.argsort(lengths, descending=True, stable=True)
+        pieces = [order[: (R + 1) // 2], order[(R + 1) // 2 :]]
+    for piece in pieces:
+        piece_len = int(lengths[piece].max())
+        if piece_len == 1:
+            continue  # every token of these was read from the contexts' last positions
+        piece_cache = cache
+        if R > G:
+            piece_cache = model.new_cache(len(piece), max_len)
+            piece_cache.copy_rows(cache, rows[piece])
+        inputs = targets[piece, : piece_len - 1]  # right padded with 0: the padding's logits are read by no one
+        logits, _ = model(inputs, cache=piece_cache, pad=pad[rows[piece]])  # (piece, piece_len - 1, V)
+        piece_sums, piece_greedy = _score_tokens(logits, targets[piece, 1:piece_len], real[piece, 1:piece_len])
+        sums[piece] += piece_sums
+        greedy[piece] &= piece_greedy
+    return list(zip(sums.tolist(), greedy.tolist(), strict=True))
+
+
+def _score_tokens(
+    logits: torch.Tensor, targets: torch.Tensor, real: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of (R, T, V) logits: the summed log-probability of the (R, T) targets where real, and
+    whether each real target is the argmax."""
+    log_probs = F.log_softmax(logits.float(), dim=-1)  # (R, T, V)
+    token_log_probs = log_probs.gather(-1, targets[..., None]).squeeze(-1)  # (R, T)
+    hits = log_probs.argmax(dim=-1) == targets  # (R, T)
+    if real is not None:
+        token_log_probs, hits = torch.where(real, token_log_probs, 0.0), hits | ~real
+    return token_log_probs.sum(dim=1), hits.all(dim=1)
+
+
+def score_groups(model: GPT, groups: list[Group], batch_size: int, bar: tqdm | None = None) -> dict:
+    """key -> (summed log-likelihood, greedy) of every continuation of the groups; bar, if given,
+    advances by one for each group scored."""
+    config = model.config
+    scores = {}
+    for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
+        batch_scores = score_batch(model, batch)
+        scores |= dict(zip([key for group in batch for key in group.keys], batch_scores, strict=True))
+        if bar is not None:
+            bar.update(len(batch))
+    return scores
+
+
+def score_items(
+    model: GPT, tokenizer: Tokenizer, items: list[Item], batch_size: int, progress: str | None = None
+) -> list[list[tuple[float, bool]]]:
+    """Per item, (summed log-likelihood, greedy) of each continuation. progress: a tqdm bar's label,
+    or None for none."""
+    groups = encode_items(tokenizer, items, model.config.block_size)
+    with tqdm(total=len(groups), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
+        scores = score_groups(model, groups, batch_size, bar)
+    return [[scores[i, n] for n in range(len(item.continuations))] for i, item in enumerate(items)]
+
+
+def evaluate_choice(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+) -> TaskResult:
+    scores = score_items(model, tokenizer, task.items, batch_size, progress)
+    predictions, predictions_norm = [], []
+    for item, item_scores in zip(task.items, scores, strict=True):
+        log_likelihoods = np.array([score for score, _ in item_scores])
+        lengths = np.array([float(len(choice)) for choice in item.choices])
+        predictions.append(int(np.argmax(log_likelihoods)))
+        predictions_norm.append(int(np.argmax(log_likelihoods / lengths)))
+    labels = np.array([item.label for item in task.items])
+    metrics = {
+        "acc": float(np.mean(np.array(predictions) == labels)),
+        "acc_norm": float(np.mean(np.array(predictions_norm) == labels)),
+        "n": len(task.items),
+    }
+    chance = float(np.mean([1 / len(item.choices) for item in task.items]))
+    return TaskResult(task.name, task.kind, metrics, predictions, predictions_norm, chance)
+
+
+def evaluate_cloze(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+) -> TaskResult:
+    scores = [item_scores[0] for item_scores in score_items(model, tokenizer, task.items, batch_size, progress)]
+    greedy = [int(is_greedy) for _, is_greedy in scores]
+    metrics = {
+        "acc": float(np.mean(greedy)),
+        "ppl": math.exp(-float(np.mean([score for score, _ in scores]))),
+        "n": len(task.items),
+    }
+    return TaskResult(task.name, task.kind, metrics, greedy, greedy, chance=0.0)
+
+
+@torch.no_grad()
+def evaluate_text(
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: Task,
+    batch_size: int,
+    progress: str | None = None,
+    limit: int | None = None,
+) -> TaskResult:
+    """Perplexity per token and bits per byte of the text, over its first `limit` windows or all."""
+    block_size = model.config.block_size
+    device = model.transformer.wte.weight.device
+    try:
+        ids = tokenizer.encode_array(task.text).astype(np.int64)
+    except UserError as e:
+        raise UserError(f"{task.source}: {e}") from None
+    if tokenizer.eot_token is not None:
+        ids = np.concatenate([[tokenizer.eot_token], ids])
+    if len(ids) < 2:
+        raise UserError(f"{task.source} is a single token (perplexity needs at least two)")
+    starts = list(range(0, len(ids) - 1, block_size))[:limit]
+    nll, tokens = 0.0, 0
+    with tqdm(total=len(starts), desc=progress, unit="window", disable=progress is None, leave=False) as bar:
+        for first in range(0, len(starts), batch_size):
+            rows = starts[first : first + batch_size]
+            x = torch.zeros(len(rows), block_size, dtype=torch.long)
+            y = torch.full((len(rows), block_size), -1, dtype=torch.long)  # -1: past the end, not scored
+            for r, start in enumerate(rows):
+                end = min(start + block_size, len(ids) - 1)  # the window predicts ids[start + 1 : end + 1]
+                first = max(0, end - block_size)  # a short last window reads back to a full block, as the harness
+                window = torch.from_numpy(ids[first : end + 1])
+                x[r, : len(window) - 1], y[r, : len(window) - 1] = window[:-1], window[1:]
+                y[r, : start - first] = -1  # predicted by the window before
+            logits, _ = model(x.to(device))
+            nll += F.cross_entropy(
+                logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum"
+            ).item()
+            tokens += int((y >= 0).sum())
+            bar.update(len(rows))
+    n_bytes = _byte_count(tokenizer, ids[1 : 1 + tokens])  # the windows are consecutive from the start
+    metrics = {"ppl": math.exp(nll / tokens), "bpb": nll / (math.log(2) * n_bytes), "n": tokens}
+    return TaskResult(task.name, task.kind, metrics)
+
+
+def _byte_count(tokenizer: Tokenizer, ids: np.ndarray) -> int:
+    """UTF-8 bytes the tokens stand for."""
+    tokens, counts = np.unique(ids, return_counts=True)
+    return int(sum(len(tokenizer.token_bytes(int(t))) * int(c) for t, c in zip(tokens, counts, strict=True)))
+
+
+EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze}
+
+
+def evaluate_task(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: bool = False, limit: int | None = None
+) -> TaskResult:
+    """Score one task with the model in eval mode (put back as it was found)."""
+    label = task.name if progress else None
+    was_training = model.training
+    model.eval()
+    try:
+        if task.kind == "text":
+            return evaluate_text(model, tokenizer, task, batch_size, label, limit)
+        return EVALUATORS[task.kind](model, tokenizer, task, batch_size, label)
+    finally:
+        model.train(was_training)
+
+
+def load_tasks(specs: list[str], limit: int | None, tokenizer: Tokenizer, block_size: int) -> list[Task]:
+    """The tasks named (see trainer/tasks.py), each item read, checked and encoded once before any is
+    scored: a bad one ends the run before the model's time is spent on the rest."""
+    tasks = [load_task(spec, limit) for spec in specs]
+    names = [task.name for task in tasks]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise UserError(f"--tasks names {repeated[0]!r} twice (give each task once; a file's name is its stem)")
+    check_encodable(tokenizer, tasks, block_size)
+    return tasks
+
+
+def check_encodable(tokenizer: Tokenizer, tasks: list[Task], block_size: int) -> None:
+    """Encode every item (and text) of the tasks: one the tokenizer cannot encode, or too long for the
+    block, is a UserError naming it."""
+    for task in tasks:
+        if task.kind == "text":
+            try:
+                tokenizer.encode_array(task.text)
+            except UserError as e:
+                raise UserError(f"{task.source}: {e}") from None
+        else:
+            encode_items(tokenizer, task.items, block_size)
+
+
+def centred_mean(results: list[TaskResult]) -> float | None:
+    """The mean of the centred accuracies of the tasks that have one (not text); None if none has."""
+    centred = [result.centred for result in results if result.chance is not None]
+    return float(np.mean(centred)) if centred else None
+
+
+def summary_lines(results: list[TaskResult]) -> list[str]:
+    """One line per task, then the centred mean."""
+    width = max(len(result.name) for result in results)
+    lines = []
+    for result in results:
+        figures = [f"{key} {value:.4f}" for key, value in result.metrics.items() if key != "n"]
+        if result.centred is not None:
+            figures.append(f"centred {result.centred:.4f}")
+        lines.append(f"{result.name:<{width}}  " + "  ".join(figures) + f"  n {result.metrics['n']}")
+    mean = centred_mean(results)
+    if mean is not None:
+        lines.append(f"{'centred mean':<{width}}  {mean:.4f}")
+    return lines
+
+
+def metrics_record(results: list[TaskResult]) -> dict[str, float]:
+    """The figures as metrics.jsonl and wandb keys: eval/<task>/<figure>, eval/centred_mean."""
+    record = {f"eval/{result.name}/{key}": value for result in results for key, value in result.metrics.items()}
+    mean = centred_mean(results)
+    return record if mean is None else record | {"eval/centred_mean": mean}
+
+
+def results_json(results: list[TaskResult]) -> dict:
+    return {"tasks": {result.name: result.metrics for result in results}, "centred_mean": centred_mean(results)}

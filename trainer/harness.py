@@ -1,0 +1,179 @@
+"""lm-evaluation-harness on this project's models: any of its tasks, scored by our model code.
+
+    pip install lm-eval            # or: pip install -e .[eval]
+    python -m trainer.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag
+    python -m trainer.harness --model gpt-trainer --model_args init_from=models/gpt2,dtype=float32 \\
+        --tasks arc_easy --batch_size 32
+
+The harness finds models by name only among those its own package registers, so this module
+registers ours as `gpt-trainer` and then runs the harness's command line (every lm_eval option
+works). model_args: out_dir (a run), checkpoint (a ckpt.pt) or init_from (a Hugging Face folder),
+device (default: a GPU if there is one), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which
+shares a question's context among its endings; generation is greedy unless the task asks otherwise.
+
+Imported only here: lm-eval is an optional extra, not a dependency of the rest of the project.
+"""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import lm_eval.models  # noqa: F401  the harness's own models first: it loads them only into an empty registry
+import torch
+from lm_eval.__main__ import cli_evaluate
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from tqdm import tqdm
+
+from data.tokenizer import END_OF_TEXT, GPT2_RANKS_FILE
+from model import generate, left_pad
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.evaluate import group_pairs, score_groups
+from trainer.runtime import resolve_device, resolve_dtype
+
+MODEL_NAME = "gpt-trainer"
+
+
+@register_model(MODEL_NAME)
+class HarnessModel(TemplateLM):
+    def __init__(
+        self,
+        out_dir: str | None = None,
+        checkpoint: str | None = None,
+        init_from: str | None = None,
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size: int | str | None = 32,
+        **unused,
+    ):
+        super().__init__()
+        if checkpoint is not None:
+            self.model, self.tokenizer = model_from_checkpoint(load_checkpoint(Path(checkpoint)), Path(checkpoint))
+        else:
+            from sample import load_model  # the one loader of runs and Hugging Face folders
+
+            self.model, self.tokenizer, _ = load_model(SimpleNamespace(out_dir=out_dir, init_from=init_from))
+        if (device or "").startswith("cuda") and not torch.cuda.is_available():
+            # the harness's command line passes cuda:0 unless told otherwise, and its own models fall back too
+            print(f"device={device!r} but this machine has no CUDA GPU: scoring on the CPU", file=sys.stderr)
+            device = "cpu"
+        self._device = resolve_device(device or "auto", key="device")  # the harness reads it as .device
+        self.model.to(device=self._device, dtype=resolve_dtype(dtype, self._device, key="dtype"))
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 32  # "auto" is not measured here
+
+    @property
+    def eot_token_id(self) -> int | None:
+        return self.tokenizer.eot_token
+
+    @property
+    def max_length(self) -> int:
+        return self.model.config.block_size
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        return self.tokenizer.encode(string)
+
+    def tok_decode(self, tokens: list[int], **kwargs) -> str:
+        return self.tokenizer.decode(tokens)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        pairs = [(context, continuation) for _, context, continuation in requests]
+        groups = group_pairs(pairs, list(range(len(pairs))), self.max_length)
+        with tqdm(total=len(groups), disable=disable_tqdm, unit="context", desc="scoring") as bar:
+            scores = score_groups(self.model, groups, self.batch_size, bar)
+        return [scores[index] for index in range(len(pairs))]
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """Each text's log-likelihood over disjoint windows of the block, as the harness's own models
+        compute it (every token predicted once, the first after the end-of-text token)."""
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="rolling"):
+            (text,) = request.args
+            windows = get_rolling_token_windows(
+                token_list=self.tok_encode(text),
+                prefix_token=self.prefix_token_id,
+                max_seq_len=self.max_length,
+                context_len=1,
+            )
+            pairs = [make_disjoint_window(window) for window in windows]
+            scores = self._loglikelihood_tokens([(None, *pair) for pair in pairs], disable_tqdm=True)
+            results.append(sum(score for score, _ in scores))
+        return results
+
+    @torch.no_grad()
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Greedy continuations (sampled when the task sets a temperature), each cut before its
+        first stop string; the prompt keeps its last tokens when it is longer than the block."""
+        results = []
+        for request in tqdm(requests, disable=disable_tqdm, desc="generating"):
+            context, options = request.args
+            until = options.get("until") or [self.tokenizer.decode([self.eot_token_id])]
+            until = [until] if isinstance(until, str) else until
+            max_new_tokens = options.get("max_gen_toks", 256)
+            prompt_ids = self.tok_encode(context)[-self.max_length :]
+            prompt, pad = left_pad([prompt_ids], self._device)
+            temperature = options.get("temperature", 0.0) if options.get("do_sample", False) else 0.0
+            text = ""
+            for step, tokens in enumerate(
+                generate(
+                    self.model, prompt, max_new_tokens, temperature=temperature, stop_token=self.eot_token_id, pad=pad
+                )
+            ):
+                token = int(tokens[0])
+                if token == self.eot_token_id:
+                    break
+                text += self.tok_decode([token])
+                if any(stop in text for stop in until) or step + 1 >= max_new_tokens:
+                    break
+            for stop in until:
+                text = text.split(stop)[0]
+            results.append(text)
+        return results
+
+
+# eval.py's local multiple-choice format ({"ctx", "endings", "label"}) in the harness's task language
+LOCAL_CHOICE_TASK = """output_type: multiple_choice
+doc_to_text: "{{ctx}}"
+doc_to_choice: "{{endings}}"
+doc_to_target: "{{label}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+def local_task_yaml(task: str, data_file: Path, definition: str | None = None) -> str:
+    """A harness task definition named task that reads the JSON-lines data_file as its test split:
+    one of the harness's own definitions (definition: its path under lm_eval/tasks, e.g.
+    "hellaswag/hellaswag.yaml") pointed at the file, or eval.py's local multiple-choice format."""
+    head = (
+        f"include: {Path(lm_eval.models.__file__).parent.parent / 'tasks' / definition}\n"
+        if definition
+        else LOCAL_CHOICE_TASK
+    )
+    return head + (
+        f"task: {task}\ndataset_path: json\ndataset_name: null\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data_file}\n"
+        "test_split: test\nvalidation_split: null\ntraining_split: null\n"
+    )
+
+
+def write_gpt2_tokenizer(directory: Path) -> None:
+    """GPT-2's tokenizer files (tokenizer.json and its config) in directory, made from the rank file
+    the project ships, so that transformers' and the harness's `hf` model read an exported GPT-2
+    folder offline."""
+    from tiktoken_ext.openai_public import r50k_pat_str
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    ranks = sum(1 for _ in GPT2_RANKS_FILE.open("rb"))
+    converted = TikTokenConverter(
+        vocab_file=str(GPT2_RANKS_FILE), pattern=r50k_pat_str, extra_special_tokens={END_OF_TEXT: ranks}
+    ).converted()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=END_OF_TEXT, bos_token=END_OF_TEXT)
+    tokenizer.save_pretrained(str(directory))
+
+
+if __name__ == "__main__":
+    sys.argv[0] = "lm_eval"
+    cli_evaluate()
