@@ -29,7 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
+from errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from trainer.evaluate import evaluate_task  # noqa: E402
 from trainer.pretrained import export_gpt2  # noqa: E402
@@ -46,14 +48,12 @@ TASK_FILES = {
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--small", action="store_true", help="2 layers, 2 heads, 128 dims: a quick check")
-    parser.add_argument("--repeat", type=int, default=2, help="copies of each task file's items (default: 2)")
-    parser.add_argument("--batch-size", type=int, default=32, help="both sides' batch size (default: 32)")
-    parser.add_argument(
-        "--runs", type=int, default=1, help="timed runs per side and item set; the fastest counts (default: 1)"
-    )
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch intra-op threads")
+    parser.add_count("--repeat", default=2, help="copies of each task file's items (default: 2)")
+    parser.add_count("--batch-size", default=32, help="both sides' batch size (default: 32)")
+    parser.add_count("--runs", default=1, help="timed runs per side and item set; the fastest counts (default: 1)")
+    parser.add_count("--threads", default=torch.get_num_threads(), help="torch intra-op threads")
     return parser.parse_args()
 
 
@@ -171,4 +171,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -40,6 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
 TARGET_VAL_LOSS = 1.4697  # nanoGPT's baby GPT on character-level Shakespeare, about 3 minutes on an A100
@@ -485,7 +486,7 @@ def write_report(out: Path, report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchArguments(__doc__)
     parser.add_argument("--out", type=Path, help="folder for report.md, report.json and log.txt")
     parser.add_argument("--smoke", action="store_true", help="toy sizes on the CPU: checks the script in minutes")
     names = [part.name for part in PARTS]
@@ -493,9 +494,7 @@ def main() -> None:
         f"{p.name} ({p.budget} s): {p.summary}" for p in PARTS
     )
     parser.add_argument("--parts", nargs="+", choices=names, default=names, metavar="PART", help=parts_help)
-    parser.add_argument(
-        "--budget-scale", type=float, default=1.0, metavar="F", help="multiply every part's time limit (default: 1)"
-    )
+    parser.add_amount("--budget-scale", default=1.0, metavar="F", help="multiply every part's time limit (default: 1)")
     parser.add_argument("--part", choices=names, help=argparse.SUPPRESS)  # the process that runs one part
     parser.add_argument("--budget", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
