@@ -18,13 +18,14 @@ import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
 import trainer.pretrained as pretrained_module
 from data.files import FileLock
-from data.tokenizer import GPT2Tokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import run_cli
-from model.hf_gpt2 import hf_config, state_dict_to_hf, write_safetensors
+from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
+from model.hf import write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
-from trainer.pretrained import export_gpt2
+from trainer.pretrained import export_model
 
 
 @dataclass
@@ -130,7 +131,7 @@ def gpt2_dir(
 
     def setup(workspace: Path) -> None:
         model = tiny_model(vocab_size=64)
-        tensors = state_dict_to_hf(model)
+        tensors = tensors_to_hf(model.state_dict(), model.config, FAMILY_BY_TYPE["gpt2"])
         weights(tensors)
         buffer = io.BytesIO()
         write_safetensors(tensors, buffer, metadata={"format": "pt"})
@@ -143,9 +144,22 @@ def gpt2_dir(
         (workspace / "gpt2" / "model.safetensors").write_bytes(
             struct.pack("<Q", len(header_bytes)) + header_bytes + data[8 + header_len :]
         )
-        settings = hf_config(model.config, eos_token_id=None)
+        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], eos_token_id=None)
         config(settings)
         (workspace / "gpt2" / "config.json").write_text(json.dumps(settings))
+
+    return setup
+
+
+def llama_dir(config: Callable[[dict], None]) -> Callable[[Path], None]:
+    """A tiny Llama-family folder, llama/, exported from a model of ours, whose config.json config changes."""
+
+    def setup(workspace: Path) -> None:
+        model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+        export_model(model, CharTokenizer("".join(chr(32 + i) for i in range(65))), workspace / "llama")
+        settings = json.loads((workspace / "llama" / "config.json").read_text())
+        config(settings)
+        (workspace / "llama" / "config.json").write_text(json.dumps(settings))
 
     return setup
 
@@ -267,15 +281,18 @@ CATALOGUE = [
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
-    Case("safetensors-offsets-past-the-end", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/model.safetensors is truncated or damaged: tensor transformer.wte.weight ends past the end of the file", gpt2_dir(header=lambda h: h["transformer.wte.weight"]["data_offsets"].__setitem__(1, 10**9))),
-    Case("safetensors-shape-that-does-not-fit-its-bytes", "sample.py", ["--init-from", "gpt2"], "tensor transformer.wte.weight of shape (64, 33) in F32 needs 8448 bytes, but its data_offsets give 8192", gpt2_dir(header=lambda h: h["transformer.wte.weight"].update(shape=[64, 33]))),
-    Case("safetensors-header-longer-than-the-file", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a safetensors file (its header would end past the end of the file)", lie_about_header_length),
+    Case("safetensors-offsets-past-the-end", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: invalid shape, data type, or offset for tensor)", gpt2_dir(header=lambda h: h["transformer.wte.weight"]["data_offsets"].__setitem__(1, 10**9))),
+    Case("safetensors-shape-that-does-not-fit-its-bytes", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: invalid shape, data type, or offset for tensor)", gpt2_dir(header=lambda h: h["transformer.wte.weight"].update(shape=[64, 33]))),
+    Case("safetensors-header-longer-than-the-file", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: header too large)", lie_about_header_length),
     Case("hf-config-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json holds a JSON list, not an object of settings", lambda ws: (gpt2_dir()(ws), write("gpt2/config.json", "[1, 2]")(ws))),
     Case("hf-config-size-not-an-integer", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32.5, which is not a positive integer", gpt2_dir(config=lambda c: c.update(n_embd=32.5))),
     Case("hf-config-lying-about-size", "sample.py", ["--init-from", "gpt2"], "wte.weight has shape (64, 32) but config.json implies (64, 1000000000)", gpt2_dir(config=lambda c: c.update(n_embd=10**9, n_head=1))),
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
     Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "h.0.mlp.c_fc.weight holds NaN or infinite values", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
-    Case("export-a-char-level-model", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "this model reads 'char' tokens"),
+    Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
+    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
+    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
+    Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds a model (config.json, model.safetensors)", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
@@ -389,7 +406,7 @@ def test_a_full_disk_while_exporting_ends_in_one_line_and_leaves_no_partial_file
     model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size)
     monkeypatch.setattr(pretrained_module, "write_safetensors", disk_full)
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(lambda: export_gpt2(model, GPT2Tokenizer(), tmp_path / "exported"))
+        run_cli(lambda: export_model(model, GPT2Tokenizer(), tmp_path / "exported"))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert err.strip().splitlines() == [

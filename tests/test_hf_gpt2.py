@@ -7,10 +7,10 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
-from model.hf_gpt2 import read_safetensors, write_safetensors
+from model.hf import read_safetensors, write_safetensors
 from tests.conftest import run_script, tiny_config, tiny_model
 from trainer.loop import Trainer
-from trainer.pretrained import export_gpt2, model_from_gpt2_dir
+from trainer.pretrained import export_model, model_from_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,7 +26,12 @@ def offline(monkeypatch, tmp_path):
 def hf_model(n_positions: int = 64, seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=n_positions, vocab_size=VOCAB)
-    return transformers.GPT2LMHeadModel(config).eval()
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # as trained: transformers starts biases at zero, which read as a model without them
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.02)
+    return model
 
 
 @pytest.fixture
@@ -37,7 +42,7 @@ def hf_dir(tmp_path):
 
 
 def test_loaded_gpt2_gives_the_logits_of_transformers(hf_dir):
-    model, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    model, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     reference = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
     idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -48,7 +53,7 @@ def test_loaded_gpt2_gives_the_logits_of_transformers(hf_dir):
 
 
 def test_pytorch_model_bin_with_mask_buffers_loads_like_safetensors(hf_dir, tmp_path):
-    from_safetensors, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    from_safetensors, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "config.json").write_text((hf_dir / "config.json").read_text())
@@ -57,7 +62,7 @@ def test_pytorch_model_bin_with_mask_buffers_loads_like_safetensors(hf_dir, tmp_
     state |= {f"h.{i}.attn.bias": torch.ones(1, 1, 64, 64).tril() for i in range(2)}
     state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, bin_dir / "pytorch_model.bin")
-    from_bin, _ = model_from_gpt2_dir(bin_dir, key="--init-from")
+    from_bin, _ = model_from_pretrained(str(bin_dir), key="--init-from")[:2]
     for name, tensor in from_safetensors.state_dict().items():
         assert torch.equal(from_bin.state_dict()[name], tensor), name
 
@@ -84,7 +89,11 @@ def test_greedy_sample_py_continuation_equals_transformers_generate(hf_dir):
 @pytest.mark.parametrize("bias", [True, False])
 def test_exported_model_loads_in_transformers_bit_exactly(tmp_path, bias):
     model = tiny_model(vocab_size=VOCAB, block_size=48, bias=bias)
-    export_gpt2(model, GPT2Tokenizer(), tmp_path / "export")
+    with torch.no_grad():  # trained biases: all-zero ones come back as no biases, which compute the same
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.02)
+    export_model(model, GPT2Tokenizer(), tmp_path / "export")
     reference, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "export", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     hf_state = reference.state_dict()
@@ -100,7 +109,7 @@ def test_exported_model_loads_in_transformers_bit_exactly(tmp_path, bias):
     idx = torch.randint(0, VOCAB, (1, 48))
     with torch.no_grad():
         assert (reference.eval()(idx).logits - model(idx)[0]).abs().max().item() < 1e-4
-    reloaded, _ = model_from_gpt2_dir(tmp_path / "export", key="--init-from")
+    reloaded, _ = model_from_pretrained(str(tmp_path / "export"), key="--init-from")[:2]
     for name, tensor in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[name], tensor), name
 
@@ -127,24 +136,25 @@ def test_safetensors_round_trip_keeps_dtypes_and_values(tmp_path):
 @pytest.mark.parametrize(
     "change,fragment",
     [
-        ({"model_type": "llama"}, "model_type='llama'; only GPT-2 models"),
-        ({"activation_function": "relu"}, "activation_function='relu'; this model supports only 'gelu_new'"),
+        ({"model_type": "bert"}, "model_type='bert', a family this model cannot compute (it reads gpt2, llama"),
+        ({"model_type": "llama"}, "a key this model cannot compute (it is none of the llama keys"),
+        ({"activation_function": "relu"}, "activation_function='relu'; this model computes only 'gelu_new' or"),
         ({"n_embd": 128}, "has shape (50257, 64) but config.json implies (50257, 128)"),
     ],
-    ids=["not-gpt2", "activation", "shape"],
+    ids=["unknown-family", "gpt2-keys-as-llama", "activation", "shape"],
 )
 def test_a_directory_that_is_not_this_gpt2_is_a_clear_error(hf_dir, change, fragment):
     config = json.loads((hf_dir / "config.json").read_text())
     (hf_dir / "config.json").write_text(json.dumps(config | change))
     with pytest.raises(UserError, match="--init-from=.*cannot be loaded: ") as error:
-        model_from_gpt2_dir(hf_dir, key="--init-from")
+        model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     assert fragment in str(error.value)
 
 
 def test_missing_weights_are_a_clear_error(hf_dir):
     (hf_dir / "model.safetensors").unlink()
     with pytest.raises(UserError, match="has neither model.safetensors nor pytorch_model.bin"):
-        model_from_gpt2_dir(hf_dir, key="--init-from")
+        model_from_pretrained(str(hf_dir), key="--init-from")[:2]
 
 
 def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path):
@@ -152,7 +162,7 @@ def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path
         tmp_path / "run", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(hf_dir), model__dropout=0.1
     )
     trainer = Trainer(cfg)
-    loaded, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    loaded, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     model_cfg = trainer.cfg.model
     assert (model_cfg.n_layer, model_cfg.n_embd, model_cfg.vocab_size, model_cfg.bias) == (2, 64, VOCAB, True)
     assert model_cfg.block_size == 32 and model_cfg.dropout == 0.1  # the run's own
