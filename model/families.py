@@ -585,3 +585,33 @@ def normalise_names(tensors: dict[str, torch.Tensor], family: Family) -> dict[st
     if not prefix:
         return dict(tensors)
     return {name if name.startswith(prefix) or name == "lm_head.weight" else prefix + name: t for name, t in tensors.items()}
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, tuple):
+        return " or ".join(_shown(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def markdown_tables() -> str:
+    """docs/models.md's tables, from FAMILIES: the switches each family computes; the config.json
+    key each of our settings is written to and read from; the keys that must hold one value."""
+    head = "| | " + " | ".join(f"{f.model_type} (`{f.architecture}`)" for f in FAMILIES) + " |"
+    rule = "|---" * (len(FAMILIES) + 1) + "|"
+    lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
+    for switch in SWITCHES:
+        name = "n_kv_head < n_head" if switch == "grouped_query" else switch
+        cells = ["> 0" if switch == "attn_window" and f.computes[switch] is ANY else
+                 "any" if f.computes[switch] is ANY else _shown(f.computes[switch]) for f in FAMILIES]  # fmt: skip
+        lines.append(f"| `model.{name}` | " + " | ".join(cells) + " |")
+    lines += ["", "Our settings and the config.json keys that carry them:", "", head, rule]
+    for setting in SETTINGS:
+        cells = [" = ".join(f"`{k}`" for k in ((keys,) if isinstance(keys, str) else keys or ())) or "-"
+                 for keys in (f.keys.get(setting) for f in FAMILIES)]  # fmt: skip
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    lines += ["", "Keys that must hold one value (left out: the family's default must be it):", ""]
+    for f in FAMILIES:
+        lines.append(f"- {f.model_type}: " + ", ".join(f"`{key}` = {_shown(v)}" for key, v in f.fixed.items()))
+    return "\n".join(lines) + "\n"
