@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.tokenizer import tokenizer_json_sha256
+from data.tokenizer import TOKENIZER_FILE, tokenizer_json_sha256
 from errors import UserError
 
 SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 COUNT_KEYS = ("train_tokens", "val_tokens", "train_bytes", "val_bytes")
 META_KEYS = ("tokenizer", "vocab_size", "dtype", *COUNT_KEYS)
-TOKENIZER_FILE = "tokenizer.json"  # beside meta.json when meta.json says tokenizer="json"
 SCAN_TOKENS = 1 << 26  # token ids checked at a time (128 MB of uint16): memory stays flat
 
 

@@ -24,6 +24,7 @@ from errors import UserError
 GPT2_RANKS_FILE = Path(__file__).with_name("gpt2.tiktoken")
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"  # in a dataset folder whose meta.json says tokenizer="json"
 # Special tokens that end a document, in the order they are looked for in a tokenizer.json: GPT-2's and
 # Qwen's, Llama 3's, SentencePiece's (Llama 2, Mistral), Gemma's. The first one present is its eot_token.
 DOCUMENT_SEPARATORS = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>")
@@ -177,6 +178,17 @@ def tokenizer_json_sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def check_bpe_vocab_size(vocab_size: int | None) -> None:
+    if vocab_size is None:
+        raise UserError("--tokenizer=bpe trains a BPE and needs its size: pass --vocab-size (e.g. 4096)")
+    smallest = len(BPE_SPECIAL_TOKENS) + 256
+    if not smallest <= vocab_size <= MAX_VOCAB_SIZE:
+        raise UserError(
+            f"--vocab-size={vocab_size} is outside {smallest:,}..{MAX_VOCAB_SIZE:,} (a byte-level BPE holds the "
+            f"256 bytes and {len(BPE_SPECIAL_TOKENS)} special token; 1,024 to 65,536 is usual)"
+        )
+
+
 def train_bpe(
     texts: Iterable[str], vocab_size: int, *, length: int | None = None, progress: bool = True
 ) -> JsonTokenizer:
@@ -184,12 +196,7 @@ def train_bpe(
     merges over UTF-8 bytes, so any text encodes with no unknown token). Ids: BPE_SPECIAL_TOKENS first,
     then the 256 bytes, then the merges in the order they were learnt. length is the number of texts,
     for the progress bar."""
-    smallest = len(BPE_SPECIAL_TOKENS) + 256
-    if not smallest <= vocab_size <= MAX_VOCAB_SIZE:
-        raise UserError(
-            f"--vocab-size={vocab_size} is outside {smallest:,}..{MAX_VOCAB_SIZE:,} (a byte-level BPE holds the "
-            f"256 bytes and {len(BPE_SPECIAL_TOKENS)} special token; 1,024 to 65,536 is usual)"
-        )
+    check_bpe_vocab_size(vocab_size)
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
@@ -209,7 +216,7 @@ def train_bpe(
 
     tokenizer.train_from_iterator(counted(), trainer=trainer, length=length)
     if characters == 0:
-        raise UserError("the corpus is empty: there is no text to train the tokenizer on")
+        raise UserError("the corpus (or its train split) is empty: there is no text to train the tokenizer on")
     return JsonTokenizer(tokenizer.to_str())
 
 

@@ -3,11 +3,13 @@
 
 import json
 import math
+import shutil
 import tomllib
 
 import pytest
 import torch
 
+from data.prepare import CORPUS_DIR
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -167,6 +169,28 @@ def test_bpe_model_trains_and_samples(bpe_data_dir, tmp_path):
     )  # fmt: skip
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout.startswith("Hello") and len(sample.stdout) > len("Hello\n")
+
+
+def test_a_bpe_trained_on_the_corpus_prepares_trains_and_samples_without_its_dataset(tmp_path):
+    (tmp_path / "notes.txt").write_text((CORPUS_DIR / "tinyshakespeare.txt").read_text()[:40_000])
+    prepare = run_script(
+        "data/prepare.py", "--dataset", "notes.txt", "--tokenizer", "bpe", "--vocab-size", "320", "--out", "data/notes",
+        "--block-size", "32", cwd=tmp_path,
+    )  # fmt: skip
+    assert prepare.returncode == 0, prepare.stderr
+    assert "training a byte-level BPE of 320 tokens" in prepare.stdout and "vocabulary 320" in prepare.stdout
+    assert {"tokenizer.json", "meta.json"} <= {p.name for p in (tmp_path / "data" / "notes").iterdir()}
+    (tmp_path / "bpe.toml").write_text(tiny_toml(out_dir="run", data_dir="data"))
+    train = run_script("train.py", "--config", "bpe.toml", "--data.dataset=notes", "--train.max_iters=4",
+                       "--train.eval_interval=4", cwd=tmp_path)  # fmt: skip
+    assert train.returncode == 0, train.stderr
+    shutil.rmtree(tmp_path / "data")  # the checkpoint carries its tokenizer
+    sample = run_script(
+        "sample.py", "--out-dir", "run", "--prompt", "ROMEO: ¿qué? 🙂", "--max-new-tokens", "8", "--device", "cpu",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("ROMEO: ¿qué? 🙂") and len(sample.stdout) > len("ROMEO: ¿qué? 🙂\n")
 
 
 def test_train_help_lists_the_config_keys():

@@ -150,7 +150,7 @@ def test_bpe_vocabulary_below_the_bytes_or_absurdly_large_is_refused(vocab_size)
 
 
 def test_bpe_on_an_empty_corpus_is_refused():
-    with pytest.raises(UserError, match="corpus is empty"):
+    with pytest.raises(UserError, match=r"corpus \(or its train split\) is empty"):
         train_bpe(["", ""], 300, progress=False)
 
 
