@@ -8,6 +8,7 @@ against the sha256 that tiktoken itself expects for its r50k_base encoding, whic
 import base64
 import codecs
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -79,6 +80,14 @@ class CharTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return self.chars[token].encode("utf-8")
 
+    def to_json(self) -> str:
+        """The vocabulary as a tokenizer.json (a BPE without merges: one token per character, joined back
+        by the Fuse decoder), for readers of Hugging Face model folders."""
+        model = tokenizers.models.BPE(vocab=self.stoi, merges=[])
+        tokenizer = tokenizers.Tokenizer(model)
+        tokenizer.decoder = tokenizers.decoders.Fuse()
+        return tokenizer.to_str()
+
 
 class GPT2Tokenizer:
     """GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> = 50256)."""
@@ -108,6 +117,33 @@ class GPT2Tokenizer:
 
     def token_bytes(self, token: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token)
+
+    def to_json(self) -> str:
+        """GPT-2's BPE as a tokenizer.json, built from the shipped ranks (the same vocabulary, merges
+        and ids as the tokenizer.json of Hugging Face's gpt2), for readers of model folders."""
+        alphabet = byte_level_alphabet()
+        ranks = gpt2_ranks()
+        spell = lambda token: "".join(alphabet[byte] for byte in token)  # noqa: E731
+        vocab = {spell(token): rank for token, rank in ranks.items()}
+        merged = [token for token in sorted(ranks, key=ranks.get) if len(token) > 1]  # in the order learnt
+        merges = [tuple(map(spell, merge_pair(ranks, token))) for token in merged]
+        tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+        tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tokenizer.decoder = tokenizers.decoders.ByteLevel()
+        tokenizer.add_special_tokens([END_OF_TEXT])  # id 50256, the next after the ranks
+        return tokenizer.to_str()
+
+
+def merge_pair(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
+    """The two tokens whose merge made token in a byte-level BPE given by its ranks: byte pair encoding
+    of token's bytes, merging the pair of lowest rank each time, stops at two parts (every token of a
+    BPE is made by merging two tokens of lower rank)."""
+    parts = [bytes([byte]) for byte in token]
+    while len(parts) > 2:
+        joined = [ranks.get(left + right, len(ranks)) for left, right in itertools.pairwise(parts)]
+        first = joined.index(min(joined))
+        parts[first : first + 2] = [parts[first] + parts[first + 1]]
+    return parts[0], parts[1]
 
 
 class JsonTokenizer:
@@ -141,7 +177,9 @@ class JsonTokenizer:
         # corpus text is encoded with special-token strings as plain text, as GPT2Tokenizer's encode_ordinary does
         self.corpus_tokenizer = tokenizers.Tokenizer.from_str(text)
         self.corpus_tokenizer.encode_special_tokens = True
-        self.byte_table = token_byte_table(self.tokenizer, self.vocab_size, added)
+        state = json.loads(text)
+        self.byte_table = token_byte_table(self.tokenizer, state, self.vocab_size, added)
+        self.encoding = tiktoken_twin(state, added)  # None: encoded by the tokenizers package
 
     @classmethod
     def from_file(cls, path: Path) -> "JsonTokenizer":
@@ -156,10 +194,14 @@ class JsonTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Encode a prompt; a special token's string in it (e.g. <|endoftext|>) becomes that token."""
+        if self.encoding is not None:
+            return self.encoding.encode(text, allowed_special="all")
         return self.tokenizer.encode(text, add_special_tokens=False).ids
 
     def encode_array(self, text: str) -> np.ndarray:
         """Encode corpus text into a uint32 array: special-token strings in it are plain text."""
+        if self.encoding is not None:
+            return self.encoding.encode_to_numpy(text, disallowed_special=())
         return np.array(self.corpus_tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
 
     def decode(self, ids: list[int]) -> str:
@@ -220,7 +262,51 @@ def train_bpe(
     return JsonTokenizer(tokenizer.to_str())
 
 
-def token_byte_table(tokenizer: tokenizers.Tokenizer, vocab_size: int, added: dict) -> list[bytes]:
+def tiktoken_twin(state: dict, added: dict) -> tiktoken.Encoding | None:
+    """The tokenizer.json's BPE as a tiktoken Encoding, which encodes the same text into the same ids
+    several times faster (docs/benchmarks.md), when the file follows GPT-2's scheme exactly, as the
+    BPE trained by train_bpe and GPT-2's own tokenizer.json do: a BPE over UTF-8 bytes in GPT-2's
+    alphabet, split by GPT-2's pattern, no normalizer, only special added tokens, every token of two
+    bytes or more made by exactly one merge, and ids growing with the merges' order. Then tiktoken's
+    rule (merge the adjacent pair whose joined token has the lowest id) is the tokenizers package's
+    (apply the earliest learnt merge). Anything else (another split pattern, SentencePiece's '▁' and
+    byte fallback, a normalizer) gives None: the tokenizers package encodes it."""
+    model, pre_tokenizer = state.get("model") or {}, state.get("pre_tokenizer") or {}
+    plain_bpe = model.get("type") == "BPE" and not any(
+        model.get(key) for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback")
+    )
+    gpt2_split = pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex") is True
+    plain_specials = all(
+        token.special and not (token.lstrip or token.rstrip or token.single_word) for token in added.values()
+    )
+    if not (plain_bpe and gpt2_split and not pre_tokenizer.get("add_prefix_space") and plain_specials):
+        return None
+    if state.get("normalizer") is not None:
+        return None
+    alphabet = {char: byte for byte, char in enumerate(byte_level_alphabet())}
+    vocab = {token: token_id for token, token_id in model["vocab"].items() if token_id not in added}
+    if not all(char in alphabet for token in vocab for char in token):
+        return None
+    ranks = {bytes(alphabet[char] for char in token): token_id for token, token_id in vocab.items()}
+    merges = [pair.split(" ", 1) if isinstance(pair, str) else pair for pair in model["merges"]]
+    merged_ids = [vocab.get(left + right) for left, right in merges]
+    single_bytes = sum(len(token) == 1 for token in ranks)
+    if (
+        single_bytes != 256
+        or len(merges) != len(ranks) - 256
+        or None in merged_ids
+        or any(later <= earlier for earlier, later in itertools.pairwise(merged_ids))
+    ):
+        return None
+    return tiktoken.Encoding(
+        name="tokenizer.json",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={token.content: token_id for token_id, token in added.items()},
+    )
+
+
+def token_byte_table(tokenizer: tokenizers.Tokenizer, state: dict, vocab_size: int, added: dict) -> list[bytes]:
     """The bytes of text that each token id stands for when it follows other tokens, so that streaming
     a continuation token by token (StreamDecoder) shows what decoding the whole sequence shows.
 
@@ -231,7 +317,6 @@ def token_byte_table(tokenizer: tokenizers.Tokenizer, vocab_size: int, added: di
       plain token, so that a leading "▁" becomes the space it is (the decoder strips it only at the start);
     - added tokens (special or not) are their text.
     Ids that no token has (holes in the vocabulary) stand for no text."""
-    state = json.loads(tokenizer.to_str())
     byte_level = '"ByteLevel"' in json.dumps(state.get("decoder"))
     byte_fallback = bool(state["model"].get("byte_fallback"))
     table = [b""] * vocab_size
@@ -275,8 +360,8 @@ Tokenizer = CharTokenizer | GPT2Tokenizer | JsonTokenizer
 
 
 @lru_cache(maxsize=1)
-def gpt2_encoding() -> tiktoken.Encoding:
-    """GPT-2's encoding built from the shipped rank file, with no network access."""
+def gpt2_ranks() -> dict[bytes, int]:
+    """GPT-2's merge ranks (token bytes -> id) from the shipped rank file, checked against its hash."""
     data = GPT2_RANKS_FILE.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != GPT2_RANKS_SHA256:
@@ -288,6 +373,13 @@ def gpt2_encoding() -> tiktoken.Encoding:
     for line in data.splitlines():
         token, rank = line.split()
         ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@lru_cache(maxsize=1)
+def gpt2_encoding() -> tiktoken.Encoding:
+    """GPT-2's encoding built from the shipped rank file, with no network access."""
+    ranks = gpt2_ranks()
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=r50k_pat_str,

@@ -56,12 +56,17 @@ def test_gpt2_rank_file_is_checked_against_its_hash(tmp_path, monkeypatch):
     tampered = tmp_path / "gpt2.tiktoken"
     tampered.write_bytes(tokenizer_module.GPT2_RANKS_FILE.read_bytes() + b"\n")
     monkeypatch.setattr(tokenizer_module, "GPT2_RANKS_FILE", tampered)
-    tokenizer_module.gpt2_encoding.cache_clear()
+    clear_gpt2_caches()
     try:
         with pytest.raises(UserError, match="not GPT-2's"):
             GPT2Tokenizer()
     finally:
-        tokenizer_module.gpt2_encoding.cache_clear()
+        clear_gpt2_caches()
+
+
+def clear_gpt2_caches():
+    tokenizer_module.gpt2_encoding.cache_clear()
+    tokenizer_module.gpt2_ranks.cache_clear()
 
 
 def test_tokenizer_from_metadata():
@@ -218,3 +223,30 @@ def test_json_tokenizer_metadata_rebuilds_it_and_fingerprints_its_vocabulary():
     other = {**meta, "tokenizer_json": large.to_json(), "tokenizer_sha256": large.sha256}
     assert vocabulary_fingerprint(meta) != vocabulary_fingerprint(other)
     assert vocabulary_fingerprint(meta) == vocabulary_fingerprint(dict(meta))
+
+
+def test_a_trained_bpe_is_encoded_by_tiktoken_with_the_tokenizers_packages_ids():
+    tokenizer = trained_bpe()
+    assert tokenizer.encoding is not None  # GPT-2's scheme: the fast encoder
+    text = BPE_CORPUS + "  x\n\n\t 12345 can't 'tis ĳ 🚀\u00a0end  " + SAMPLE.upper()
+    assert tokenizer.encode_array(text).tolist() == tokenizer.corpus_tokenizer.encode(text).ids
+    prompt = "Before<|endoftext|>we 🙂"
+    assert tokenizer.encode(prompt) == tokenizer.tokenizer.encode(prompt, add_special_tokens=False).ids
+    assert sentencepiece_style().encoding is None  # '▁' and byte fallback: the tokenizers package encodes it
+
+
+def test_gpt2_as_a_tokenizer_json_encodes_as_gpt2_in_both_encoders():
+    gpt2 = GPT2Tokenizer()
+    rebuilt = JsonTokenizer(gpt2.to_json())
+    assert (rebuilt.vocab_size, rebuilt.eot_token) == (50257, 50256) and rebuilt.encoding is not None
+    text = SAMPLE + "naïve café, 東京 🙂 can't  stop\n\n"
+    ids = gpt2.encode_ordinary(text)
+    assert rebuilt.corpus_tokenizer.encode(text).ids == rebuilt.encode_array(text).tolist() == ids
+    assert rebuilt.encode("Hello<|endoftext|>") == gpt2.encode("Hello<|endoftext|>")
+
+
+def test_char_vocabulary_as_a_tokenizer_json_keeps_its_ids():
+    chars = CharTokenizer.from_text(SAMPLE)
+    rebuilt = JsonTokenizer(chars.to_json())
+    assert rebuilt.encode(SAMPLE) == chars.encode(SAMPLE) and rebuilt.decode(chars.encode(SAMPLE)) == SAMPLE
+    assert [rebuilt.token_bytes(i) for i in range(chars.vocab_size)] == [ch.encode() for ch in chars.chars]
