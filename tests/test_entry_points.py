@@ -226,15 +226,17 @@ def test_sample_rejects_a_corrupt_checkpoint(trained):
 
 def test_val_bench_scores_runs_on_the_same_windows_of_the_whole_split(trained):
     """bench/val.py: a row per run with the trainer's last val loss beside the loss over windows
-    every --stride tokens of the whole split; a run scored twice gets the same figure."""
+    every --stride tokens of the whole split, and that in bits per byte; a run scored twice gets the same figure."""
     workdir, _ = trained
     result = run_script("bench/val.py", "out/tiny", "out/tiny", "--stride", "64", cwd=workdir)
     assert result.returncode == 0, result.stderr
     rows = [line.strip(" |").split(" | ") for line in result.stdout.splitlines() if line.startswith("| out/tiny")]
     assert len(rows) == 2 and rows[0] == rows[1]
-    _, _, trainer_loss, split_loss, windows = rows[0]
+    _, _, trainer_loss, split_loss, bits_per_byte, windows = rows[0]
     assert abs(float(split_loss) - float(trainer_loss)) < 0.2  # the same metric, on more text
     meta = json.loads((workdir / "data" / "shakespeare_char" / "meta.json").read_text())
+    bytes_per_token = meta["val_bytes"] / meta["val_tokens"]  # 1 but for a few multi-byte characters
+    assert float(bits_per_byte) == pytest.approx(float(split_loss) / math.log(2) / bytes_per_token, abs=1e-3)
     block_size = tomllib.loads((workdir / "tiny.toml").read_text())["model"]["block_size"]
     assert int(windows.replace(",", "")) == math.ceil((meta["val_tokens"] - block_size) / 64)
 
