@@ -18,6 +18,7 @@ import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
 import trainer.pretrained as pretrained_module
 from data.files import FileLock
+from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import run_cli
 from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
@@ -192,6 +193,36 @@ def empty_val_split(workspace: Path) -> None:
     edit_meta(val_tokens=0)(workspace)
 
 
+def bpe_dataset(name: str, start: int = 0, vocab_size: int = 300) -> Callable[[Path], None]:
+    """data/<name>: 30,000 characters of Shakespeare from start, with a BPE of vocab_size trained on them."""
+
+    def setup(workspace: Path) -> None:
+        text = (CORPUS_DIR / "tinyshakespeare.txt").read_text()[start : start + 30_000]
+        prepare_text(text, "bpe", workspace / "data" / name, source=name, vocab_size=vocab_size, block_size=32)
+
+    return setup
+
+
+def remove_dataset_tokenizer(workspace: Path) -> None:
+    bpe_dataset("notes")(workspace)
+    (workspace / "data" / "notes" / "tokenizer.json").unlink()
+
+
+def replace_dataset_tokenizer(workspace: Path) -> None:
+    """tokenizer.json of another BPE of the same size: the ids would read as other text."""
+    bpe_dataset("notes")(workspace)
+    bpe_dataset("other", start=30_000)(workspace)
+    shutil.copy(workspace / "data" / "other" / "tokenizer.json", workspace / "data" / "notes" / "tokenizer.json")
+
+
+def bpe_run_and_another_bpe_dataset(workspace: Path) -> None:
+    """out/bpe trained on data/notes; data/other has a BPE of the same size trained on other text."""
+    bpe_dataset("notes")(workspace)
+    bpe_dataset("other", start=30_000)(workspace)
+    config = tiny_config(workspace / "out" / "bpe", workspace / "data", data__dataset="notes", train__max_iters=1)
+    Trainer(config).fit()
+
+
 TRAIN = ["--config", "tiny.toml"]
 RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
 TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
@@ -240,6 +271,16 @@ CATALOGUE = [
     Case("dtype-that-does-not-match-the-data", "train.py", TRAIN, "but meta.json declares vocab_size=65 and dtype uint32: the two do not belong together", widen_token_dtype),
     Case("metadata-of-the-wrong-type", "train.py", TRAIN, "meta.json: vocab_size='65' is not a positive whole number", edit_meta(vocab_size="65")),
     Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
+    # tokenizers: trained here, or any tokenizer.json
+    Case("bpe-vocabulary-below-the-bytes", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "200", "--out", "notes"], "--vocab-size=200 is outside 257..1,048,576 (a byte-level BPE holds the 256 bytes", write_files("corpus.txt")),
+    Case("bpe-vocabulary-absurdly-large", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", str(10**10), "--out", "notes"], f"--vocab-size={10**10} is outside 257..1,048,576", write_files("corpus.txt")),
+    Case("bpe-without-a-vocabulary-size", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--out", "notes"], "--tokenizer=bpe trains a BPE and needs its size: pass --vocab-size", write_files("corpus.txt")),
+    Case("vocabulary-size-without-bpe", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "gpt2", "--vocab-size", "4096", "--out", "notes"], "--vocab-size=4096 applies only to --tokenizer=bpe, not gpt2", write_files("corpus.txt")),
+    Case("tokenizer-json-that-does-not-load", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bad.json", "--out", "notes"], "bad.json is not a tokenizer.json that the tokenizers package can load (", lambda ws: (write_files("corpus.txt")(ws), write("bad.json", '{"version": "1.0"}')(ws))),
+    Case("tokenizer-json-missing", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "nowhere.json", "--out", "notes"], "--tokenizer='nowhere.json' is not a file (give a tokenizer.json, char, gpt2 or bpe)", write_files("corpus.txt")),
+    Case("dataset-without-its-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "data/notes/tokenizer.json is missing, and the dataset's token ids mean nothing without it", remove_dataset_tokenizer),
+    Case("dataset-with-another-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "the tokenizer.json is not the one the dataset was tokenized with (its sha256 is not tokenizer_sha256=", replace_dataset_tokenizer),
+    Case("resume-on-another-tokenizer", "train.py", ["--config", "out/bpe/config.toml", "--train.init_from=resume", "--data.dataset=other"], "data.dataset='other' has the run's json vocabulary size (300) but its token ids stand for other text", bpe_run_and_another_bpe_dataset),
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
@@ -297,6 +338,7 @@ CATALOGUE = [
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds a model (config.json, model.safetensors)", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
+    Case("prepare-over-a-foreign-tokenizer", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "300", "--out", "nano"], "nano holds tokenizer.json but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/tokenizer.json", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
     Case("hand-written-run-config", "train.py", ["--config", "out/mine/config.toml"], "train.out_dir='out/mine' holds a config.toml that train.py did not write", lambda ws: write_files("out/mine/config.toml")(ws, tiny_toml("out/mine", "data"))),
     Case("run-directory-in-use", "train.py", RESUME, "train.out_dir='out/tiny' is in use by another training (pid", hold_lock("out/tiny/train.lock")),
@@ -338,6 +380,7 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     case.setup(workspace)
+    capsys.readouterr()  # what the setup printed (preparing, training) is not the entry point's
     before = snapshot(workspace)
     code = run_entry_point(case.script, case.args, monkeypatch)
     err = capsys.readouterr().err
