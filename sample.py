@@ -230,7 +230,7 @@ def main() -> None:
     model.to(device=device, dtype=dtype)
     products = prepare_products(model, device, dtype, args.compile)
 
-    prompts = read_prompts(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
+    prompts = read_prompts(args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token]))
     block_size = model.config.block_size
     check_sample_counts(args, len(prompts) * args.num_samples, block_size, device)
     rows = []

@@ -4,6 +4,7 @@
     python data/prepare.py --dataset notes.txt --tokenizer gpt2 --out data/notes
     python data/prepare.py --dataset notes.txt --tokenizer bpe --vocab-size 4096 --out data/notes
     python data/prepare.py --dataset notes.txt --tokenizer models/qwen/tokenizer.json --out data/notes
+    python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes   # a model folder's
     python data/prepare.py --dataset corpus/ --tokenizer gpt2 --out data/corpus --num-proc 2
     python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
         --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
@@ -444,8 +445,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--tokenizer",
         help="char, gpt2, bpe (a byte-level BPE trained on the train split, written to OUT/tokenizer.json) or the "
-        "path of a tokenizer.json (a Hugging Face model folder's, or one trained before); bundled corpora have "
-        "their own",
+        "path of a tokenizer.json (a Hugging Face model folder's, or one trained before) or of a model folder "
+        "holding one (to fine-tune that model); bundled corpora have their own",
     )
     parser.add_argument(
         "--vocab-size",
@@ -493,6 +494,8 @@ def parse_args() -> argparse.Namespace:
         check_bpe_vocab_size(args.vocab_size)
     elif args.vocab_size is not None:
         raise UserError(f"--vocab-size={args.vocab_size} applies only to --tokenizer=bpe, not {args.tokenizer}")
+    if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).is_dir():
+        args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")  # a model folder: its own tokenizer
     if args.tokenizer not in (None, *TOKENIZERS):
         JsonTokenizer.from_file(Path(args.tokenizer))  # refused now, before a long download, if it does not load
     return args

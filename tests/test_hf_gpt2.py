@@ -172,7 +172,7 @@ def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path
 
 
 def test_fine_tuning_needs_a_gpt2_bpe_dataset_and_fitting_context(hf_dir, data_dir, bpe_data_dir, tmp_path):
-    with pytest.raises(UserError, match="data.dataset='shakespeare_char' was prepared with the 'char' tokenizer"):
+    with pytest.raises(UserError, match="reads the ids of its GPT-2 BPE, but data.dataset='shakespeare_char' was prepared with another tokenizer"):
         Trainer(tiny_config(tmp_path / "a", data_dir, train__init_from=str(hf_dir)))
     too_long = tiny_config(
         tmp_path / "b", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(hf_dir), model__block_size=65

@@ -11,8 +11,7 @@ from pathlib import Path
 import torch
 
 from data.files import atomic_open, check_writable_dir, make_dir
-from data.tokenizer import GPT2Tokenizer, Tokenizer
-from data.tokenizer_json import tokenizer_config, tokenizer_json
+from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
 from model.families import Family, family_for, hf_config, tensors_to_hf
@@ -75,22 +74,30 @@ def load_pretrained(value: str, key: str) -> Pretrained:
 
 
 def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
-    """The tokenizer of a folder: GPT-2's BPE for a GPT-2 folder without a tokenizer.json."""
+    """The tokenizer of a folder: its tokenizer.json, or GPT-2's BPE for a GPT-2 folder without one."""
     path = pretrained.directory / TOKENIZER_NAME
-    if path.is_file() and path.read_text(encoding="utf-8") != tokenizer_json(GPT2Tokenizer()):
+    if path.is_file():
+        tokenizer = JsonTokenizer.from_file(path)
+    elif pretrained.family.model_type == "gpt2":
+        tokenizer = GPT2Tokenizer()
+    else:
         raise UserError(
-            f"{key}={str(pretrained.directory)!r} carries {TOKENIZER_NAME}, which this version cannot read yet "
-            f"(only GPT-2 folders with GPT-2's BPE are read)"
+            f"{key}={str(pretrained.directory)!r} has no {TOKENIZER_NAME}: a {pretrained.family.model_type} "
+            f"folder needs its tokenizer (copy it there from where the model came from)"
         )
-    if pretrained.family.model_type != "gpt2" and not path.is_file():
-        raise UserError(f"{key}={str(pretrained.directory)!r} has no {TOKENIZER_NAME}: a {pretrained.family.model_type} folder needs its tokenizer")
-    tokenizer = GPT2Tokenizer()
     if tokenizer.vocab_size > pretrained.config.vocab_size:
         raise UserError(
-            f"{key}={str(pretrained.directory)!r}: the tokenizer has {tokenizer.vocab_size} tokens but the model's "
-            f"embedding only {pretrained.config.vocab_size} rows (the tokenizer does not belong to these weights)"
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model's embedding only "
+            f"{pretrained.config.vocab_size} rows (the tokenizer does not belong to these weights)"
         )
     return tokenizer
+
+
+def same_ids(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers stand for the same ids: as many, each the same bytes (so a tokenizer.json
+    written from GPT-2's ranks is GPT-2's BPE). Two BPEs of one vocabulary and different merges would
+    pass; no tokenizer in practice is built so."""
+    return a.vocab_size == b.vocab_size and all(a.token_bytes(i) == b.token_bytes(i) for i in range(a.vocab_size))
 
 
 def model_from_pretrained(value: str, key: str) -> tuple[GPT, Tokenizer, Path]:
@@ -109,11 +116,14 @@ def with_pretrained_shape(cfg: Config, pretrained: Pretrained, dataset_meta: dic
     position table is cropped); model.dropout and the attention pattern are the run's own.
     """
     source, folder = cfg.train.init_from, pretrained.config
-    if dataset_meta["tokenizer"] != "gpt2":
+    tokenizer = folder_tokenizer(pretrained, "train.init_from")
+    if not same_ids(tokenizer, tokenizer_from_meta(dataset_meta)):
+        made_with = TOKENIZER_NAME if isinstance(tokenizer, JsonTokenizer) else "GPT-2 BPE"
+        prepare = pretrained.directory / TOKENIZER_NAME if made_with == TOKENIZER_NAME else "gpt2"
         raise UserError(
-            f"train.init_from={source!r} holds a model that reads GPT-2 BPE tokens, but "
-            f"data.dataset={cfg.data.dataset!r} was prepared with the {dataset_meta['tokenizer']!r} tokenizer "
-            f"(use a GPT-2 BPE dataset: the bundled 'shakespeare', or python data/prepare.py --tokenizer gpt2)"
+            f"train.init_from={source!r} holds a model that reads the ids of its {made_with}, but "
+            f"data.dataset={cfg.data.dataset!r} was prepared with another tokenizer ({dataset_meta['tokenizer']!r}) "
+            f"(prepare the text with python data/prepare.py --tokenizer {prepare})"
         )
     if cfg.model.block_size > folder.block_size:
         raise UserError(
@@ -162,7 +172,7 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     with atomic_open(directory / SAFETENSORS_NAME) as f:
         write_safetensors(tensors, f, metadata={"format": "pt"})
     files = {
-        TOKENIZER_NAME: tokenizer_json(tokenizer),
+        TOKENIZER_NAME: tokenizer.to_json(),
         "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
         "config.json": json.dumps(config, indent=2) + "\n",  # last: a folder with a config.json is complete
     }
@@ -170,6 +180,16 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
     return family
+
+
+def tokenizer_config(tokenizer: Tokenizer) -> dict:
+    """tokenizer_config.json: the plain fast tokenizer over tokenizer.json, which adds no token of its
+    own and leaves decoded spaces as they are, so that decoding gives exactly what sample.py prints."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    if tokenizer.eot_token is not None:
+        eot = tokenizer.decode([tokenizer.eot_token]) if isinstance(tokenizer, JsonTokenizer) else END_OF_TEXT
+        config |= {"eos_token": eot, "bos_token": eot}
+    return config
 
 
 def _model_files(directory: Path) -> list[str]:
