@@ -480,18 +480,24 @@ def tensors_to_hf(state: dict[str, torch.Tensor], config: GPTConfig, family: Fam
     """The family's tensors for our state dict, by the table; a bias the family always has and we
     lack is written as zeros (which computes what no bias computes)."""
     tensors = {}
+    shapes = _shapes(config, bias=True)
+    for weight, present, ours, theirs, heads in _rows(family, config):
+        if present:
+            parts = CONVERSIONS[weight.convert].to_theirs(state[ours], config, heads)
+        else:
+            parts = [torch.zeros(shapes[ours], dtype=state["transformer.wte.weight"].dtype)]
+        tensors |= {name: part.contiguous() for name, part in zip(theirs, parts, strict=True)}
+    return tensors
+
+
+def _rows(family: Family, config: GPTConfig):
+    """(table row, whether our model has the tensor, our name, their names, heads) for every tensor
+    of the family's folder for config: ours, and the zero biases it always has."""
     for weight in family.weights:
         present = _present(weight, config)
-        if not present and not weight.zero_when_off:
-            continue
-        for ours, theirs, heads in _expand(weight, config):
-            if present:
-                parts = CONVERSIONS[weight.convert].to_theirs(state[ours], config, heads)
-            else:
-                shape = _shapes(config, bias=True)[ours]
-                parts = [torch.zeros(shape, dtype=state["transformer.wte.weight"].dtype)]
-            tensors |= {name: part.contiguous() for name, part in zip(theirs, parts, strict=True)}
-    return tensors
+        if present or weight.zero_when_off:
+            for ours, theirs, heads in _expand(weight, config):
+                yield weight, present, ours, theirs, heads
 
 
 def state_dict_from_hf(
@@ -503,31 +509,27 @@ def state_dict_from_hf(
     _check_embedding(tensors, config, family, source)
     shapes = _shapes(config, bias=True)
     state = {}
-    for weight in family.weights:
-        present = _present(weight, config)
-        if not present and not weight.zero_when_off:
-            continue
-        for ours, theirs, _ in _expand(weight, config):
-            parts = []
-            for name in theirs:
-                if name not in tensors:
-                    raise ValueError(f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint")
-                parts.append(tensors.pop(name))
-            try:
-                tensor = CONVERSIONS[weight.convert].to_ours(parts, config)
-            except (RuntimeError, ValueError) as e:
-                raise ValueError(f"{source}: {theirs[0]} cannot be read ({e})") from None
-            if tuple(tensor.shape) != shapes[ours]:
-                raise ValueError(
-                    f"{source}: {theirs[0]} has shape {tuple(parts[0].shape)} but config.json implies another "
-                    f"(the weights do not belong to this config)"
-                )
-            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-                raise ValueError(f"{source}: {theirs[0]} holds NaN or infinite values (a damaged copy: fetch the model again)")
-            if not present and tensor.count_nonzero():
-                raise ValueError(f"{source}: {theirs[0]} is not zero, and this {family.model_type} model has no biases")
-            if present:
-                state[ours] = tensor.contiguous()
+    for weight, present, ours, theirs, _ in _rows(family, config):
+        parts = []
+        for name in theirs:
+            if name not in tensors:
+                raise ValueError(f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint")
+            parts.append(tensors.pop(name))
+        try:
+            tensor = CONVERSIONS[weight.convert].to_ours(parts, config)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{source}: {theirs[0]} cannot be read ({e})") from None
+        if tuple(tensor.shape) != shapes[ours]:
+            raise ValueError(
+                f"{source}: {theirs[0]} has shape {tuple(parts[0].shape)} but config.json implies another "
+                f"(the weights do not belong to this config)"
+            )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{source}: {theirs[0]} holds NaN or infinite values (a damaged copy: fetch the model again)")
+        if not present and tensor.count_nonzero():
+            raise ValueError(f"{source}: {theirs[0]} is not zero, and this {family.model_type} model has no biases")
+        if present:
+            state[ours] = tensor.contiguous()
     _check_leftovers(tensors, state, config, family, source)
     if config.tie_embeddings:
         state["lm_head.weight"] = state["transformer.wte.weight"]

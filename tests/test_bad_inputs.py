@@ -152,8 +152,11 @@ def gpt2_dir(
     return setup
 
 
-def llama_dir(config: Callable[[dict], None]) -> Callable[[Path], None]:
-    """A tiny Llama-family folder, llama/, exported from a model of ours, whose config.json config changes."""
+def llama_dir(
+    config: Callable[[dict], None] = lambda config: None, tokenizer_json: str | None = None
+) -> Callable[[Path], None]:
+    """A tiny Llama-family folder, llama/, exported from a model of ours, whose config.json config
+    changes and whose tokenizer.json is tokenizer_json, when given."""
 
     def setup(workspace: Path) -> None:
         model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)
@@ -161,6 +164,8 @@ def llama_dir(config: Callable[[dict], None]) -> Callable[[Path], None]:
         settings = json.loads((workspace / "llama" / "config.json").read_text())
         config(settings)
         (workspace / "llama" / "config.json").write_text(json.dumps(settings))
+        if tokenizer_json is not None:
+            (workspace / "llama" / "tokenizer.json").write_text(tokenizer_json)
 
     return setup
 
@@ -333,6 +338,8 @@ CATALOGUE = [
     Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
     Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
     Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
+    Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json: the tokenizer has 70 tokens but the model's embedding only 65 rows", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
+    Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
     # files of others, never overwritten

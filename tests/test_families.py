@@ -348,25 +348,32 @@ def test_a_llama_folder_fine_tunes_in_two_commands_then_samples_and_resumes(llam
     assert torch.load(tmp_path / "run" / "ckpt.pt", weights_only=True)["step"] == 6
 
 
-def test_sample_py_greedy_text_from_a_llama_folder_equals_transformers(llama_folder):
-    prompt = "ROMEO: "
+def greedy_sample_py_and_transformers(folder, tokenizer, prompt: str, new_tokens: int) -> tuple[str, str]:
+    """What sample.py --init-from folder --temperature 0 prints, and the text of transformers' greedy
+    generate on the same folder (up to the end-of-text token), as sample.py streams it: the tokens'
+    bytes decoded as one string (a random model draws tokens that are bytes of no character)."""
     printed = run_script(
-        "sample.py", "--init-from", str(llama_folder), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "24",
-        "--device", "cpu",
+        "sample.py", "--init-from", str(folder), "--prompt", prompt, "--temperature", "0",
+        "--max-new-tokens", str(new_tokens), "--device", "cpu",
     )  # fmt: skip
     assert printed.returncode == 0, printed.stderr
-    tokenizer = JsonTokenizer.from_file(llama_folder / "tokenizer.json")
-    reference = transformers.AutoModelForCausalLM.from_pretrained(llama_folder).eval()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
     prompt_ids = torch.tensor([tokenizer.encode(prompt)])
     with torch.no_grad():
-        output = reference.generate(prompt_ids, max_new_tokens=24, do_sample=False, pad_token_id=0, eos_token_id=None)
+        output = reference.generate(
+            prompt_ids, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=tokenizer.eot_token
+        )
     new_ids = output[0, prompt_ids.size(1) :].tolist()
     if tokenizer.eot_token in new_ids:
         new_ids = new_ids[: new_ids.index(tokenizer.eot_token)]
-    # a random model draws tokens that are bytes of no character: the text is their bytes as one string
-    # decodes them (what sample.py streams), where the tokenizers package would replace each token's own
     text = b"".join(tokenizer.token_bytes(i) for i in new_ids).decode("utf-8", errors="replace")
-    assert printed.stdout == prompt + text + "\n"
+    return printed.stdout, prompt + text + "\n"
+
+
+def test_sample_py_greedy_text_from_a_llama_folder_equals_transformers(llama_folder):
+    tokenizer = JsonTokenizer.from_file(llama_folder / "tokenizer.json")
+    printed, expected = greedy_sample_py_and_transformers(llama_folder, tokenizer, "ROMEO: ", 24)
+    assert printed == expected
 
 
 def test_a_tokenizer_larger_than_the_embedding_is_refused(llama_folder):

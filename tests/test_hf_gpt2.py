@@ -8,7 +8,8 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
 from model.hf import read_safetensors, write_safetensors
-from tests.conftest import run_script, tiny_config, tiny_model
+from tests.conftest import tiny_config, tiny_model
+from tests.test_families import greedy_sample_py_and_transformers
 from trainer.loop import Trainer
 from trainer.pretrained import export_model, model_from_pretrained
 
@@ -68,22 +69,8 @@ def test_pytorch_model_bin_with_mask_buffers_loads_like_safetensors(hf_dir, tmp_
 
 
 def test_greedy_sample_py_continuation_equals_transformers_generate(hf_dir):
-    prompt = "The quick brown fox"
-    result = run_script(
-        "sample.py", "--init-from", str(hf_dir), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "32",
-        "--device", "cpu",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    tokenizer = GPT2Tokenizer()
-    reference = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-    prompt_ids = torch.tensor([tokenizer.encode(prompt)])
-    output = reference.generate(
-        prompt_ids, max_new_tokens=32, do_sample=False, eos_token_id=tokenizer.eot_token, pad_token_id=0
-    )
-    new_ids = output[0, prompt_ids.size(1) :].tolist()
-    if tokenizer.eot_token in new_ids:
-        new_ids = new_ids[: new_ids.index(tokenizer.eot_token)]
-    assert result.stdout == prompt + tokenizer.decode(new_ids) + "\n"
+    printed, expected = greedy_sample_py_and_transformers(hf_dir, GPT2Tokenizer(), "The quick brown fox", 32)
+    assert printed == expected
 
 
 @pytest.mark.parametrize("bias", [True, False])
