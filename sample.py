@@ -1,9 +1,14 @@
-"""Generate text from a trained model or a Hugging Face GPT-2 directory, or export a model to one.
+"""Generate text from a trained model or a Hugging Face model folder, or export a model to one.
 
     python sample.py --prompt "ROMEO:"
     python sample.py --out-dir out/shakespeare_char --num-samples 3 --temperature 0.7
     python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
-    python sample.py --out-dir out/shakespeare_gpt2 --export exported/   # for transformers
+    python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
+    python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
+
+--export writes the folder of the Hugging Face family that computes the model (GPT-2, Llama, Qwen3,
+StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
+computes is refused, naming the switch.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
@@ -25,7 +30,8 @@ prefix-LM model reads the prompt as its prefix, in both directions; a sliding-wi
 rolling cache of its window; a block-causal model draws each block from the complete block before
 it, so its prompt needs at least model.attn_block tokens, and --compile does not apply to it; a
 document-masked model reads the prompt's last document only, from its last <|endoftext|>, which
-with model.attn_document_positions is position 0. --export refuses a model with any pattern.
+with model.attn_document_positions is position 0. --export refuses every pattern but a sliding
+window (Mistral).
 """
 
 import argparse
@@ -39,7 +45,7 @@ from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
-from trainer.pretrained import export_gpt2, model_from_gpt2_dir
+from trainer.pretrained import export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 RUNS_ROOT = Path("out")
@@ -62,13 +68,15 @@ def parse_args() -> argparse.Namespace:
         "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
     )
     model_source.add_argument(
-        "--init-from", help="a Hugging Face GPT-2 directory (config.json and model.safetensors or pytorch_model.bin)"
+        "--init-from",
+        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
+        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache",
     )
     parser.add_argument(
         "--export",
         metavar="DIR",
-        help="write the model to DIR as config.json + model.safetensors for transformers' "
-        "GPT2LMHeadModel.from_pretrained, and sample nothing",
+        help="write the model to DIR as a Hugging Face folder (config.json, model.safetensors, tokenizer.json) "
+        "that transformers' AutoModelForCausalLM and AutoTokenizer load, and sample nothing",
     )
     parser.add_argument(
         "--num-samples",
@@ -169,9 +177,7 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
 
 def load_model(args: argparse.Namespace) -> tuple[GPT, Tokenizer, Path]:
     if args.init_from is not None:
-        path = Path(args.init_from)
-        model, tokenizer = model_from_gpt2_dir(path, key="--init-from")
-        return model, tokenizer, path
+        return model_from_pretrained(args.init_from, key="--init-from")
     run_dir = Path(args.out_dir) if args.out_dir else latest_run(RUNS_ROOT)
     checkpoint_path = run_dir / CHECKPOINT_NAME
     model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
@@ -233,13 +239,15 @@ def main() -> None:
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     model, tokenizer, source = load_model(args)
     if args.export is not None:
-        export_gpt2(model, tokenizer, Path(args.export))
-        print(f"wrote {source} as a Hugging Face GPT-2 model to {args.export}", file=sys.stderr)
+        family = export_model(model, tokenizer, Path(args.export))
+        print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)
         return
     model.to(device=device, dtype=dtype)
     products = prepare_products(model, device, dtype, args.compile)
 
-    prompts = read_prompts(args, default="<|endoftext|>" if tokenizer.eot_token is not None else "\n")
+    prompts = read_prompts(
+        args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token])
+    )
     block_size = model.config.block_size
     check_sample_counts(args, len(prompts) * args.num_samples, block_size, device)
     rows = []

@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, PackedLinear, pack_linears, packing_unavailable  # noqa: E402
+from model.families import config_from_hf, state_dict_from_hf  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.hf_gpt2 import gpt_config_from_hf, state_dict_from_hf  # noqa: E402
 from trainer.runtime import DTYPES  # noqa: E402
 
 N_POSITIONS = 1024  # GPT-2's context: transformers' model has no positions past it
@@ -80,9 +80,9 @@ def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple
     torch.manual_seed(0)
     hf_config = transformers.GPT2Config(n_positions=N_POSITIONS, vocab_size=50257, **shape)
     reference = transformers.GPT2LMHeadModel(hf_config).eval().to(device=device, dtype=dtype)
-    config = gpt_config_from_hf(hf_config.to_dict(), "the benchmark's GPT2Config")
+    family, config = config_from_hf(hf_config.to_dict(), "the benchmark's GPT2Config")
     ours = GPT(config)
-    ours.load_state_dict(state_dict_from_hf(reference.state_dict(), config, "the benchmark's model"))
+    ours.load_state_dict(state_dict_from_hf(reference.state_dict(), config, family, "the benchmark's model"))
     ours.eval().to(device=device, dtype=dtype)
     packed = None if packing_unavailable(device, dtype) else pack_linears(copy.deepcopy(ours))
     return ours, packed, reference

@@ -34,7 +34,7 @@ from data.tokenizer import GPT2Tokenizer  # noqa: E402
 from errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from trainer.evaluate import evaluate_task  # noqa: E402
-from trainer.pretrained import export_gpt2  # noqa: E402
+from trainer.pretrained import export_model  # noqa: E402
 from trainer.tasks import Task, load_task  # noqa: E402
 
 TASKS = Path(__file__).resolve().parent.parent / "tests" / "tasks"
@@ -98,16 +98,13 @@ def main() -> None:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from trainer.harness import write_gpt2_tokenizer
-
     shape = dict(n_layer=2, n_head=2, n_embd=128) if args.small else dict(n_layer=12, n_head=12, n_embd=768)
     torch.manual_seed(0)
     tokenizer = GPT2Tokenizer()
     model = GPT(GPTConfig(block_size=1024, vocab_size=tokenizer.vocab_size, **shape)).eval()
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
-        export_gpt2(model, tokenizer, folder / "model")
-        write_gpt2_tokenizer(folder / "model")
+        export_model(model, tokenizer, folder / "model")
         item_sets = write_task_files(folder, args.repeat)
         tasks = [load_task(spec) for spec, _ in item_sets.values()]
         n_items = sum(len(task.items) for task in tasks)

@@ -9,10 +9,12 @@ differ by several hundredths on it even when their models are equally good. This
 metric (the mean loss over every position of block_size windows, with the run's training
 objective) on windows starting every --stride tokens of the whole split, the same windows for every
 run, so runs compare on their models alone. It prints, per run, the trainer's last val loss and
-this one. Runs on the CPU.
+this one, and this one in bits per byte (the loss in bits over the split's UTF-8 bytes per token),
+which compares runs on datasets of different tokenizers. Runs on the CPU.
 """
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -58,8 +60,10 @@ def split_loss(model, objective: Objective, tokens: torch.Tensor, block_size: in
 
 def main() -> None:
     args = parse_args()
-    print(f"| run | step | trainer's last {args.split} loss | whole-split {args.split} loss | windows |")
-    print("| --- | --- | --- | --- | --- |")
+    print(
+        f"| run | step | trainer's last {args.split} loss | whole-split {args.split} loss | bits per byte | windows |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
     for run in args.runs:
         path = Path(run) / CHECKPOINT_NAME
         checkpoint = load_checkpoint(path)
@@ -73,7 +77,10 @@ def main() -> None:
         records = read_metrics(metrics) if metrics.is_file() else []
         evaluated = [r[f"{args.split}_loss"] for r in records if f"{args.split}_loss" in r]
         last = f"{evaluated[-1]:.4f}" if evaluated else "-"
-        print(f"| {run} | {checkpoint['step']:,} | {last} | {loss:.4f} | {windows:,} |", flush=True)
+        bits_per_byte = loss / math.log(2) / dataset.bytes_per_token(args.split)
+        print(
+            f"| {run} | {checkpoint['step']:,} | {last} | {loss:.4f} | {bits_per_byte:.4f} | {windows:,} |", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from data.files import read_text
+from data.tokenizer import TOKENIZER_FILE, tokenizer_json_sha256
 from errors import UserError
 
 SPLITS = ("train", "val")
@@ -97,7 +98,22 @@ def read_meta(directory: Path) -> dict:
         meta = json.loads(read_text(meta_path))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{meta_path} is not valid JSON ({e}); prepare the dataset again") from None
+    if isinstance(meta, dict) and meta.get("tokenizer") == "json":
+        meta["tokenizer_json"] = read_tokenizer_file(directory / TOKENIZER_FILE)
     return check_meta(meta, str(meta_path), "prepare the dataset again")
+
+
+def read_tokenizer_file(path: Path) -> str:
+    """The text of a dataset's tokenizer.json. It joins the metadata in memory (`tokenizer_json`), so a
+    checkpoint, which keeps the metadata, carries its tokenizer and needs no dataset folder to sample."""
+    if not path.is_file():
+        raise UserError(
+            f"{path} is missing, and the dataset's token ids mean nothing without it; prepare the dataset again"
+        )
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text, so not a tokenizer.json; prepare the dataset again") from None
 
 
 def check_meta(meta: object, source: str, fix: str) -> dict:
@@ -122,8 +138,15 @@ def check_meta(meta: object, source: str, fix: str) -> dict:
                 f"{source}: chars must be the {meta['vocab_size']} characters of the char tokenizer's "
                 f"vocabulary, not {chars!r:.40}; {fix}"
             )
+    elif meta["tokenizer"] == "json":
+        text = meta.get("tokenizer_json")
+        if not isinstance(text, str) or tokenizer_json_sha256(text) != meta.get("tokenizer_sha256"):
+            raise UserError(
+                f"{source}: the tokenizer.json is not the one the dataset was tokenized with (its sha256 is not "
+                f"tokenizer_sha256={meta.get('tokenizer_sha256')!r}); {fix}"
+            )
     elif meta["tokenizer"] != "gpt2":
-        raise UserError(f"{source}: tokenizer={meta['tokenizer']!r} is not 'char' or 'gpt2'; {fix}")
+        raise UserError(f"{source}: tokenizer={meta['tokenizer']!r} is not 'char', 'gpt2' or 'json'; {fix}")
     return meta
 
 

@@ -2,6 +2,9 @@
 
     python data/prepare.py --dataset shakespeare_char        # a bundled corpus, into data/shakespeare_char
     python data/prepare.py --dataset notes.txt --tokenizer gpt2 --out data/notes
+    python data/prepare.py --dataset notes.txt --tokenizer bpe --vocab-size 4096 --out data/notes
+    python data/prepare.py --dataset notes.txt --tokenizer models/qwen/tokenizer.json --out data/notes
+    python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes   # a model folder's
     python data/prepare.py --dataset corpus/ --tokenizer gpt2 --out data/corpus --num-proc 2
     python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
         --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
@@ -18,10 +21,16 @@ is cut by characters instead, as nanoGPT does: the first (1 - val_fraction) of t
 With GPT-2 BPE every document is followed by <|endoftext|>; the char tokenizer has no such token,
 and the two parts of a single document need none.
 
+Tokenizers: char (the corpus's characters), gpt2 (GPT-2's BPE), bpe (a byte-level BPE of
+--vocab-size tokens trained here, with the `tokenizers` package, on the train split only, so that
+val stays unseen text) or the path of any tokenizer.json (a Hugging Face model folder's, or one
+trained before). A BPE or a given tokenizer.json is written to OUT/tokenizer.json, and meta.json
+records its sha256, so that a run refuses a dataset or checkpoint of another tokenizer.
+
 Token ids are uint16 when the vocabulary fits, else uint32. Documents are read in batches,
 tokenized by --num-proc threads (tiktoken releases the GIL) and written as they come, so memory
 stays flat whatever the corpus size. train.bin and val.bin are written to temporary names and
-renamed only when complete; meta.json comes last, so a folder with meta.json is complete, and a
+renamed only when complete (tokenizer.json too); meta.json comes last, so a folder with meta.json is complete, and a
 failed run leaves nothing behind.
 """
 
@@ -47,7 +56,17 @@ if __package__ in (None, ""):  # run as `python data/prepare.py`: make the proje
 
 from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
 from data.sources import Corpus, open_corpus, open_text_file  # noqa: E402
-from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, Tokenizer  # noqa: E402
+from data.tokenizer import (  # noqa: E402
+    BPE_SPECIAL_TOKENS,
+    MAX_VOCAB_SIZE,
+    TOKENIZER_FILE,
+    CharTokenizer,
+    GPT2Tokenizer,
+    JsonTokenizer,
+    Tokenizer,
+    check_bpe_vocab_size,
+    train_bpe,
+)
 from errors import UserError, run_cli  # noqa: E402
 
 CORPUS_DIR = Path(__file__).parent
@@ -56,7 +75,7 @@ BUNDLED = {
     "shakespeare_char": ("tinyshakespeare.txt", "char"),
     "shakespeare": ("tinyshakespeare.txt", "gpt2"),
 }
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "gpt2", "bpe")  # or the path of a tokenizer.json
 SPLITS = ("train", "val")
 TRAIN, VAL = 0, 1  # indices into SPLITS
 VAL_FRACTION = 0.1
@@ -93,33 +112,30 @@ def prepare(
     tokenizer_name: str,
     out: Path,
     *,
+    vocab_size: int | None = None,
     val_fraction: float = VAL_FRACTION,
     seed: int = SEED,
     block_size: int = BLOCK_SIZE,
     num_proc: int = 1,
     max_documents: int | None = None,
 ) -> dict:
-    """Tokenize the corpus into out/train.bin, out/val.bin and out/meta.json; returns the metadata."""
+    """Tokenize the corpus into out/train.bin, out/val.bin and out/meta.json (and out/tokenizer.json for
+    a BPE trained here or a tokenizer.json given); returns the metadata. tokenizer_name is char, gpt2, bpe
+    (trained on the train split, vocab_size tokens) or the path of a tokenizer.json."""
     out = Path(out)
     refuse_prepared(out)
-    if tokenizer_name == "char":
-        tokenizer = CharTokenizer(corpus_characters(corpus, max_documents))  # a first pass over the corpus
-    else:
-        tokenizer = GPT2Tokenizer()
+    tokenizer = build_tokenizer(tokenizer_name, corpus, vocab_size, val_fraction, seed, max_documents)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    documents = read_documents(corpus, max_documents)
-    first_two = list(itertools.islice(documents, 2))
-    single_document = len(first_two) == 1
-    if single_document:
-        pieces = cut_single_document(first_two[0], corpus.name, val_fraction)
-    else:
-        pieces = split_documents(itertools.chain(first_two, documents), val_fraction, seed)
+    pieces, single_document = corpus_pieces(corpus, val_fraction, seed, max_documents)
     separator = None if single_document or tokenizer.eot_token is None else tokenizer.eot_token
 
     created = not out.exists()
     make_dir(out)
     try:
         totals = write_splits(pieces, tokenizer, dtype, separator, out, num_proc, corpus, block_size)
+        if isinstance(tokenizer, JsonTokenizer):
+            with atomic_open(out / TOKENIZER_FILE) as f:
+                f.write(tokenizer.to_json().encode("utf-8"))
     except BaseException:
         if created and not any(out.iterdir()):
             out.rmdir()  # leave no trace of a failed run
@@ -134,10 +150,12 @@ def prepare(
         "split_by": "characters" if single_document else "documents",
         "val_fraction": val_fraction,
         "seed": seed,
-        "separator": None if separator is None else END_OF_TEXT,
+        "separator": None if separator is None else tokenizer.decode([separator]),
     }
-    if tokenizer_name == "char":
+    if isinstance(tokenizer, CharTokenizer):
         meta["chars"] = tokenizer.chars
+    if isinstance(tokenizer, JsonTokenizer):
+        meta["tokenizer_sha256"] = tokenizer.sha256  # of tokenizer.json, beside meta.json
     with atomic_open(out / "meta.json") as f:
         f.write((json.dumps(meta, indent=1) + "\n").encode())
     return meta
@@ -145,16 +163,45 @@ def prepare(
 
 def refuse_prepared(out: Path, key: str = "--out") -> None:
     """Never write over data: a folder with meta.json holds a dataset prepared here (meta.json is
-    written last, so its presence means complete); token files without it were written by something
-    else (nanoGPT's prepare.py writes train.bin with a meta.pkl)."""
+    written last, so its presence means complete); token files or a tokenizer.json without it were
+    written by something else (nanoGPT's prepare.py writes train.bin with a meta.pkl)."""
     if (out / "meta.json").exists():
         raise UserError(f"{out} already holds a prepared dataset (delete it or choose another {key})")
-    foreign = [name for name in (f"{split}.bin" for split in SPLITS) if (out / name).exists()]
+    foreign = [name for name in (*(f"{split}.bin" for split in SPLITS), TOKENIZER_FILE) if (out / name).exists()]
     if foreign:
         raise UserError(
             f"{out} holds {' and '.join(foreign)} but no meta.json: not a dataset prepared by data/prepare.py, "
             f"and preparing would overwrite it (move those files away or choose another {key})"
         )
+
+
+def build_tokenizer(
+    spec: str, corpus: Corpus, vocab_size: int | None, val_fraction: float, seed: int, max_documents: int | None
+) -> Tokenizer:
+    """The tokenizer that --tokenizer names. The char vocabulary is every character of the corpus (val
+    included, so that every text of it can be encoded); a BPE is trained on the train split only, so
+    that val measures text the tokenizer has not seen either."""
+    if spec == "char":
+        return CharTokenizer(corpus_characters(corpus, max_documents))  # a first pass over the corpus
+    if spec == "gpt2":
+        return GPT2Tokenizer()
+    if spec == "bpe":
+        pieces, _ = corpus_pieces(corpus, val_fraction, seed, max_documents)  # a first pass over the corpus
+        print(f"training a byte-level BPE of {vocab_size:,} tokens on the train split of {corpus.name}")
+        return train_bpe((piece.text for piece in pieces if piece.split == TRAIN), vocab_size)
+    return JsonTokenizer.from_file(Path(spec))
+
+
+def corpus_pieces(
+    corpus: Corpus, val_fraction: float, seed: int, max_documents: int | None
+) -> tuple[Iterator[Piece], bool]:
+    """The corpus read again from its start, as pieces that know their split, and whether it is a
+    single document (cut by characters, see cut_single_document)."""
+    documents = read_documents(corpus, max_documents)
+    first_two = list(itertools.islice(documents, 2))
+    if len(first_two) == 1:
+        return cut_single_document(first_two[0], corpus.name, val_fraction), True
+    return split_documents(itertools.chain(first_two, documents), val_fraction, seed), False
 
 
 def read_documents(corpus: Corpus, max_documents: int | None) -> Iterator[str]:
@@ -300,12 +347,14 @@ def write_splits(
     }
 
 
-def prepare_text(text: str, tokenizer_name: str, out: Path, source: str, val_fraction: float = VAL_FRACTION) -> dict:
+def prepare_text(
+    text: str, tokenizer: str, out: Path, source: str, val_fraction: float = VAL_FRACTION, **options
+) -> dict:
     """Prepare one text held in memory, as a corpus of one document."""
     import datasets
 
     corpus = Corpus(source, datasets.Dataset.from_dict({"text": [text]}), "text", 1)
-    return prepare(corpus, tokenizer_name, out, val_fraction=val_fraction)
+    return prepare(corpus, tokenizer, out, val_fraction=val_fraction, **options)
 
 
 def prepare_bundled(name: str, data_dir: Path) -> dict:
@@ -340,7 +389,9 @@ def main() -> None:
         spec, name = str(CORPUS_DIR / corpus_file), corpus_file
     else:
         if args.tokenizer is None:
-            raise UserError(f"--tokenizer is required for --dataset={args.dataset!r} (char or gpt2)")
+            raise UserError(
+                f"--tokenizer is required for --dataset={args.dataset!r} (char, gpt2, bpe or a tokenizer.json)"
+            )
         tokenizer_name, spec, name = args.tokenizer, args.dataset, args.dataset
     out = Path(args.out or Path(args.data_dir) / default_folder(args))
     check_writable_dir(out, "--out" if args.out else "--data-dir")
@@ -363,6 +414,7 @@ def main() -> None:
         dataclasses.replace(corpus, name=name),
         tokenizer_name,
         out,
+        vocab_size=args.vocab_size,
         val_fraction=args.val_fraction,
         seed=args.seed,
         block_size=args.block_size,
@@ -392,7 +444,18 @@ def parse_args() -> argparse.Namespace:
         help=f"a bundled corpus ({', '.join(BUNDLED)}), a .txt/.jsonl/.json/.parquet file, a folder of them, "
         f"or a Hugging Face hub dataset name",
     )
-    parser.add_argument("--tokenizer", choices=TOKENIZERS, help="char or gpt2 (bundled corpora have their own)")
+    parser.add_argument(
+        "--tokenizer",
+        help="char, gpt2, bpe (a byte-level BPE trained on the train split, written to OUT/tokenizer.json) or the "
+        "path of a tokenizer.json (a Hugging Face model folder's, or one trained before) or of a model folder "
+        "holding one (to fine-tune that model); bundled corpora have their own",
+    )
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help=f"--tokenizer=bpe: tokens in the trained vocabulary, {256 + len(BPE_SPECIAL_TOKENS):,} (the bytes and "
+        f"<|endoftext|>) to {MAX_VOCAB_SIZE:,}; e.g. 4096",
+    )
     parser.add_argument("--out", help="output folder (default: DATA_DIR/<dataset name>)")
     parser.add_argument("--data-dir", default="data", help="folder for the default --out (default: data)")
     parser.add_argument("--text-field", default="text", help="the column that holds each document's text")
@@ -429,6 +492,14 @@ def parse_args() -> argparse.Namespace:
         value = getattr(args, option)
         if value is not None and value < 1:
             raise UserError(f"--{option.replace('_', '-')}={value} must be a positive integer")
+    if args.tokenizer == "bpe":
+        check_bpe_vocab_size(args.vocab_size)
+    elif args.vocab_size is not None:
+        raise UserError(f"--vocab-size={args.vocab_size} applies only to --tokenizer=bpe, not {args.tokenizer}")
+    if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).is_dir():
+        args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")  # a model folder: its own tokenizer
+    if args.tokenizer not in (None, *TOKENIZERS):
+        JsonTokenizer.from_file(Path(args.tokenizer))  # refused now, before a long download, if it does not load
     return args
 
 

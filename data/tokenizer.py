@@ -1,4 +1,5 @@
-"""Tokenizers: characters, or GPT-2's byte-level BPE through tiktoken, offline.
+"""Tokenizers: characters, GPT-2's byte-level BPE through tiktoken (offline), or any tokenizer.json
+of the Hugging Face `tokenizers` package (one trained by data/prepare.py, or a model folder's).
 
 GPT-2's merge ranks ship beside this file (gpt2.tiktoken, see data/README.md) and are checked
 against the sha256 that tiktoken itself expects for its r50k_base encoding, which is GPT-2's.
@@ -7,12 +8,16 @@ against the sha256 that tiktoken itself expects for its r50k_base encoding, whic
 import base64
 import codecs
 import hashlib
+import itertools
 import json
+import re
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import tiktoken
+import tokenizers
 from tiktoken_ext.openai_public import r50k_pat_str
 
 from errors import UserError
@@ -20,6 +25,13 @@ from errors import UserError
 GPT2_RANKS_FILE = Path(__file__).with_name("gpt2.tiktoken")
 GPT2_RANKS_SHA256 = "306cd27f03c1a714eca7108e03d66b7dc042abe8c258b44c199a7ed9838dd930"
 END_OF_TEXT = "<|endoftext|>"
+TOKENIZER_FILE = "tokenizer.json"  # in a dataset folder whose meta.json says tokenizer="json"
+# Special tokens that end a document, in the order they are looked for in a tokenizer.json: GPT-2's and
+# Qwen's, Llama 3's, SentencePiece's (Llama 2, Mistral), Gemma's. The first one present is its eot_token.
+DOCUMENT_SEPARATORS = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>")
+BPE_SPECIAL_TOKENS = (END_OF_TEXT,)  # a trained BPE's special tokens, ids 0, 1, ...: the document separator
+MAX_VOCAB_SIZE = 1 << 20  # beyond any published tokenizer (Gemma's 262,144): a larger one is a typo
+BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's tokens for single bytes
 
 
 class CharTokenizer:
@@ -68,6 +80,14 @@ class CharTokenizer:
     def token_bytes(self, token: int) -> bytes:
         return self.chars[token].encode("utf-8")
 
+    def to_json(self) -> str:
+        """The vocabulary as a tokenizer.json (a BPE without merges: one token per character, joined back
+        by the Fuse decoder), for readers of Hugging Face model folders."""
+        model = tokenizers.models.BPE(vocab=self.stoi, merges=[])
+        tokenizer = tokenizers.Tokenizer(model)
+        tokenizer.decoder = tokenizers.decoders.Fuse()
+        return tokenizer.to_str()
+
 
 class GPT2Tokenizer:
     """GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> = 50256)."""
@@ -98,13 +118,250 @@ class GPT2Tokenizer:
     def token_bytes(self, token: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token)
 
+    def to_json(self) -> str:
+        """GPT-2's BPE as a tokenizer.json, built from the shipped ranks (the same vocabulary, merges
+        and ids as the tokenizer.json of Hugging Face's gpt2), for readers of model folders."""
+        alphabet = byte_level_alphabet()
+        ranks = gpt2_ranks()
+        spell = lambda token: "".join(alphabet[byte] for byte in token)  # noqa: E731
+        vocab = {spell(token): rank for token, rank in ranks.items()}
+        merged = [token for token in sorted(ranks, key=ranks.get) if len(token) > 1]  # in the order learnt
+        merges = [tuple(map(spell, merge_pair(ranks, token))) for token in merged]
+        tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
+        tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tokenizer.decoder = tokenizers.decoders.ByteLevel()
+        tokenizer.add_special_tokens([END_OF_TEXT])  # id 50256, the next after the ranks
+        return tokenizer.to_str()
 
-Tokenizer = CharTokenizer | GPT2Tokenizer
+
+def merge_pair(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
+    """The two tokens whose merge made token in a byte-level BPE given by its ranks: byte pair encoding
+    of token's bytes, merging the pair of lowest rank each time, stops at two parts (every token of a
+    BPE is made by merging two tokens of lower rank)."""
+    parts = [bytes([byte]) for byte in token]
+    while len(parts) > 2:
+        joined = [ranks.get(left + right, len(ranks)) for left, right in itertools.pairwise(parts)]
+        first = joined.index(min(joined))
+        parts[first : first + 2] = [parts[first] + parts[first + 1]]
+    return parts[0], parts[1]
+
+
+class JsonTokenizer:
+    """Any tokenizer that the `tokenizers` package loads from a tokenizer.json: a byte-level BPE
+    trained by data/prepare.py, or the tokenizer of a Hugging Face model folder (Llama, Qwen, ...).
+
+    Token ids are the file's own. The file's text is kept (`to_json`) so that a dataset and a checkpoint
+    can carry it, and identifies the vocabulary by its sha256. The encoder's post-processor (a BOS
+    token some models add) is not applied: datasets separate documents with eot_token instead.
+    """
+
+    name = "json"
+
+    def __init__(self, text: str, source: str = "tokenizer.json"):
+        try:
+            self.tokenizer = tokenizers.Tokenizer.from_str(text)
+        except Exception as e:  # the tokenizers package raises a plain Exception for a file it cannot read
+            raise UserError(
+                f"{source} is not a tokenizer.json that the tokenizers package can load ({str(e).splitlines()[0]}); "
+                f"give the tokenizer.json of a trained tokenizer or of a Hugging Face model folder"
+            ) from None
+        self.text = text
+        self.sha256 = tokenizer_json_sha256(text)
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)  # token string -> id
+        if not vocab:
+            raise UserError(f"{source} has an empty vocabulary; give a trained tokenizer.json")
+        self.vocab_size = max(vocab.values()) + 1  # ids may have holes; every id must fit the embedding
+        added = self.tokenizer.get_added_tokens_decoder()  # id -> AddedToken
+        specials = {token.content: token_id for token_id, token in added.items() if token.special}
+        self.eot_token = next((specials[s] for s in DOCUMENT_SEPARATORS if s in specials), None)
+        # corpus text is encoded with special-token strings as plain text, as GPT2Tokenizer's encode_ordinary does
+        self.corpus_tokenizer = tokenizers.Tokenizer.from_str(text)
+        self.corpus_tokenizer.encode_special_tokens = True
+        state = json.loads(text)
+        self.byte_table = token_byte_table(self.tokenizer, state, self.vocab_size, added)
+        self.encoding = tiktoken_twin(state, added)  # None: encoded by the tokenizers package
+
+    @classmethod
+    def from_file(cls, path: Path) -> "JsonTokenizer":
+        path = Path(path)
+        if not path.is_file():
+            raise UserError(f"--tokenizer={str(path)!r} is not a file (give a tokenizer.json, char, gpt2 or bpe)")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise UserError(f"{path} is not UTF-8 text, so not a tokenizer.json") from None
+        return cls(text, source=str(path))
+
+    def encode(self, text: str) -> list[int]:
+        """Encode a prompt; a special token's string in it (e.g. <|endoftext|>) becomes that token."""
+        if self.encoding is not None:
+            return self.encoding.encode(text, allowed_special="all")
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """Encode corpus text into a uint32 array: special-token strings in it are plain text."""
+        if self.encoding is not None:
+            return self.encoding.encode_to_numpy(text, disallowed_special=())
+        return np.array(self.corpus_tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.byte_table[token]
+
+    def to_json(self) -> str:
+        """The tokenizer.json text, as given."""
+        return self.text
+
+
+def tokenizer_json_sha256(text: str) -> str:
+    """What identifies a tokenizer.json's vocabulary in a dataset's metadata (tokenizer_sha256)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def check_bpe_vocab_size(vocab_size: int | None) -> None:
+    if vocab_size is None:
+        raise UserError("--tokenizer=bpe trains a BPE and needs its size: pass --vocab-size (e.g. 4096)")
+    smallest = len(BPE_SPECIAL_TOKENS) + 256
+    if not smallest <= vocab_size <= MAX_VOCAB_SIZE:
+        raise UserError(
+            f"--vocab-size={vocab_size} is outside {smallest:,}..{MAX_VOCAB_SIZE:,} (a byte-level BPE holds the "
+            f"256 bytes and {len(BPE_SPECIAL_TOKENS)} special token; 1,024 to 65,536 is usual)"
+        )
+
+
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, *, length: int | None = None, progress: bool = True
+) -> JsonTokenizer:
+    """A byte-level BPE of vocab_size tokens trained on texts (GPT-2's scheme: GPT-2's split pattern,
+    merges over UTF-8 bytes, so any text encodes with no unknown token). Ids: BPE_SPECIAL_TOKENS first,
+    then the 256 bytes, then the merges in the order they were learnt. length is the number of texts,
+    for the progress bar."""
+    check_bpe_vocab_size(vocab_size)
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(BPE_SPECIAL_TOKENS),
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen or not
+        show_progress=progress,
+    )
+    characters = 0
+
+    def counted() -> Iterator[str]:
+        nonlocal characters
+        for text in texts:
+            characters += len(text)
+            yield text
+
+    tokenizer.train_from_iterator(counted(), trainer=trainer, length=length)
+    if characters == 0:
+        raise UserError("the corpus (or its train split) is empty: there is no text to train the tokenizer on")
+    return JsonTokenizer(tokenizer.to_str())
+
+
+def tiktoken_twin(state: dict, added: dict) -> tiktoken.Encoding | None:
+    """The tokenizer.json's BPE as a tiktoken Encoding, which encodes the same text into the same ids
+    several times faster (docs/benchmarks.md), when the file follows GPT-2's scheme exactly, as the
+    BPE trained by train_bpe and GPT-2's own tokenizer.json do: a BPE over UTF-8 bytes in GPT-2's
+    alphabet, split by GPT-2's pattern, no normalizer, only special added tokens, every token of two
+    bytes or more made by exactly one merge, and ids growing with the merges' order. Then tiktoken's
+    rule (merge the adjacent pair whose joined token has the lowest id) is the tokenizers package's
+    (apply the earliest learnt merge). Anything else (another split pattern, SentencePiece's '▁' and
+    byte fallback, a normalizer) gives None: the tokenizers package encodes it."""
+    model, pre_tokenizer = state.get("model") or {}, state.get("pre_tokenizer") or {}
+    plain_bpe = model.get("type") == "BPE" and not any(
+        model.get(key) for key in ("dropout", "continuing_subword_prefix", "end_of_word_suffix", "byte_fallback")
+    )
+    gpt2_split = pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex") is True
+    plain_specials = all(
+        token.special and not (token.lstrip or token.rstrip or token.single_word) for token in added.values()
+    )
+    if not (plain_bpe and gpt2_split and not pre_tokenizer.get("add_prefix_space") and plain_specials):
+        return None
+    if state.get("normalizer") is not None:
+        return None
+    alphabet = {char: byte for byte, char in enumerate(byte_level_alphabet())}
+    vocab = {token: token_id for token, token_id in model["vocab"].items() if token_id not in added}
+    if not all(char in alphabet for token in vocab for char in token):
+        return None
+    ranks = {bytes(alphabet[char] for char in token): token_id for token, token_id in vocab.items()}
+    merges = [pair.split(" ", 1) if isinstance(pair, str) else pair for pair in model["merges"]]
+    merged_ids = [vocab.get(left + right) for left, right in merges]
+    single_bytes = sum(len(token) == 1 for token in ranks)
+    if (
+        single_bytes != 256
+        or len(merges) != len(ranks) - 256
+        or None in merged_ids
+        or any(later <= earlier for earlier, later in itertools.pairwise(merged_ids))
+    ):
+        return None
+    return tiktoken.Encoding(
+        name="tokenizer.json",
+        pat_str=r50k_pat_str,
+        mergeable_ranks=ranks,
+        special_tokens={token.content: token_id for token_id, token in added.items()},
+    )
+
+
+def token_byte_table(tokenizer: tokenizers.Tokenizer, state: dict, vocab_size: int, added: dict) -> list[bytes]:
+    """The bytes of text that each token id stands for when it follows other tokens, so that streaming
+    a continuation token by token (StreamDecoder) shows what decoding the whole sequence shows.
+
+    - byte-level BPE (GPT-2, Qwen, Llama 3, the BPE trained by data/prepare.py): each character of a
+      token is one byte in GPT-2's printable alphabet (byte_level_alphabet);
+    - SentencePiece-style vocabularies (Llama 2, Mistral): "<0xNN>" tokens are the byte NN, which may be
+      part of a longer UTF-8 character; other tokens are read through the file's own decoder, behind a
+      plain token, so that a leading "▁" becomes the space it is (the decoder strips it only at the start);
+    - added tokens (special or not) are their text.
+    Ids that no token has (holes in the vocabulary) stand for no text."""
+    byte_level = '"ByteLevel"' in json.dumps(state.get("decoder"))
+    byte_fallback = bool(state["model"].get("byte_fallback"))
+    table = [b""] * vocab_size
+    ordinary = []  # ids read through the decoder
+    alphabet = {char: byte for byte, char in enumerate(byte_level_alphabet())}
+    for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
+        if token_id in added:
+            continue
+        match = BYTE_FALLBACK_TOKEN.fullmatch(token) if byte_fallback else None
+        if byte_level:
+            table[token_id] = b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode("utf-8") for c in token)
+        elif match:
+            table[token_id] = bytes([int(match.group(1), 16)])
+        else:
+            ordinary.append(token_id)
+    if ordinary:
+        anchor = min(ordinary)
+        head = tokenizer.decode([anchor], skip_special_tokens=False)
+        decoded = tokenizer.decode_batch([[anchor, token_id] for token_id in ordinary], skip_special_tokens=False)
+        for token_id, text in zip(ordinary, decoded, strict=True):
+            if not text.startswith(head):  # a decoder whose output is not additive: the token read alone
+                text = head + tokenizer.decode([token_id], skip_special_tokens=False)
+            table[token_id] = text[len(head) :].encode("utf-8")
+    for token_id, token in added.items():
+        table[token_id] = token.content.encode("utf-8")
+    return table
 
 
 @lru_cache(maxsize=1)
-def gpt2_encoding() -> tiktoken.Encoding:
-    """GPT-2's encoding built from the shipped rank file, with no network access."""
+def byte_level_alphabet() -> tuple[str, ...]:
+    """GPT-2's map from bytes to printable characters, in byte order: a byte that prints as itself
+    (ASCII '!'..'~', Latin-1 '¡'..'¬' and '®'..'ÿ') keeps its code point; the 68 others (controls, space,
+    soft hyphen) take the code points 256, 257, ... in byte order. Byte-level BPE vocabularies spell
+    their tokens in this alphabet."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = iter(range(256, 512))
+    return tuple(chr(byte) if byte in printable else chr(next(others)) for byte in range(256))
+
+
+Tokenizer = CharTokenizer | GPT2Tokenizer | JsonTokenizer
+
+
+@lru_cache(maxsize=1)
+def gpt2_ranks() -> dict[bytes, int]:
+    """GPT-2's merge ranks (token bytes -> id) from the shipped rank file, checked against its hash."""
     data = GPT2_RANKS_FILE.read_bytes()
     digest = hashlib.sha256(data).hexdigest()
     if digest != GPT2_RANKS_SHA256:
@@ -116,6 +373,13 @@ def gpt2_encoding() -> tiktoken.Encoding:
     for line in data.splitlines():
         token, rank = line.split()
         ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+@lru_cache(maxsize=1)
+def gpt2_encoding() -> tiktoken.Encoding:
+    """GPT-2's encoding built from the shipped rank file, with no network access."""
+    ranks = gpt2_ranks()
     return tiktoken.Encoding(
         name="gpt2",
         pat_str=r50k_pat_str,
@@ -128,9 +392,10 @@ def gpt2_encoding() -> tiktoken.Encoding:
 def vocabulary_fingerprint(meta: dict) -> str:
     """A short hash of what the token ids of a prepared dataset (or a checkpoint, which carries the
     same metadata) stand for: the tokenizer, its size and its mapping (for characters, which
-    character each id is; GPT-2's ranks are fixed by GPT2_RANKS_SHA256). Equal fingerprints mean
-    that text becomes the same ids."""
-    mapping = meta.get("chars") if meta.get("tokenizer") == "char" else GPT2_RANKS_SHA256
+    character each id is; GPT-2's ranks are fixed by GPT2_RANKS_SHA256; a tokenizer.json by its
+    sha256). Equal fingerprints mean that text becomes the same ids."""
+    kind = meta.get("tokenizer")
+    mapping = {"char": meta.get("chars"), "json": meta.get("tokenizer_sha256")}.get(kind, GPT2_RANKS_SHA256)
     identity = {"tokenizer": meta.get("tokenizer"), "vocab_size": meta.get("vocab_size"), "mapping": mapping}
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
@@ -142,7 +407,9 @@ def tokenizer_from_meta(meta: dict) -> Tokenizer:
         return CharTokenizer(meta["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise UserError(f"tokenizer={kind!r} in the dataset metadata is unknown (expected 'char' or 'gpt2')")
+    if kind == "json":
+        return JsonTokenizer(meta["tokenizer_json"], source="the tokenizer.json of the dataset metadata")
+    raise UserError(f"tokenizer={kind!r} in the dataset metadata is unknown (expected 'char', 'gpt2' or 'json')")
 
 
 class StreamDecoder:

@@ -45,9 +45,6 @@ PATTERN_CONFLICTS = {
 
 MAX_ROPE_BASE = 1e12  # rope_base's upper end: far beyond the bases in use, it catches a value typed wrong
 
-# keys that make the model compute something other than GPT-2 when they leave their defaults
-ARCHITECTURE_KEYS = ("pos_emb", "norm", "qk_norm", "mlp", "n_kv_head", "tie_embeddings", "logit_softcap")
-
 
 def _toml(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
@@ -65,8 +62,10 @@ class GPTConfig:
     pos_emb: str = "learned"  # "learned" (GPT-2: a table of block_size positions) or "rope" (rotary, in attention)
     rope_base: float = 10000.0  # rope: position p turns feature pair i by p * rope_base^(-2i/head_dim)
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtracted, no bias)
+    norm_eps: float = 1e-5  # added to the variance (or mean square) before its root, in every norm
     qk_norm: bool = False  # normalise each head's queries and keys (with `norm`'s kind) before their dot product
     mlp: str = "gelu"  # "gelu" (GPT-2), "relu2" (ReLU squared) or "swiglu" (gated, 2/3 as wide: as many weights)
+    mlp_width: int = 0  # the MLP's hidden width; 0 = 4 * n_embd (8/3 * n_embd for swiglu)
     n_kv_head: int = 0  # key/value heads, shared by groups of query heads; 0 = n_head, 1 = multi-query
     tie_embeddings: bool = True  # the output head is the token embedding (GPT-2); false: its own, zero-initialised
     logit_softcap: float = 0.0  # logits become cap * tanh(logits / cap), bounded by +-cap; 0 = off, else >= 1
@@ -100,6 +99,10 @@ class GPTConfig:
                 f"pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = {self.head_dim} "
                 f"is odd (choose n_embd and n_head with an even quotient)"
             )
+        if not 0 < self.norm_eps < 1:
+            raise ValueError(f"norm_eps={self.norm_eps} must be in (0, 1)")
+        if self.mlp_width < 0:
+            raise ValueError(f"mlp_width={self.mlp_width} must be a positive width, or 0 for the default")
         if self.rope_base <= 1:
             raise ValueError(f"rope_base={self.rope_base} must be greater than 1")
         if self.rope_base > MAX_ROPE_BASE:
@@ -156,8 +159,10 @@ class GPTConfig:
 
     @property
     def mlp_hidden(self) -> int:
-        """The MLP's hidden width: 4 * n_embd, or 2/3 of that for SwiGLU, whose three matrices then
-        hold as many weights as the two of the others (LLaMA's choice)."""
+        """The MLP's hidden width: mlp_width, or by default 4 * n_embd, or 2/3 of that for SwiGLU,
+        whose three matrices then hold as many weights as the two of the others (LLaMA's choice)."""
+        if self.mlp_width:
+            return self.mlp_width
         return 8 * self.n_embd // 3 if self.mlp == "swiglu" else 4 * self.n_embd
 
     def num_params(self) -> int:
@@ -374,8 +379,8 @@ def norm_layer(config: GPTConfig, features: int = 0) -> nn.Module:
     residual stream; QK-norm passes head_dim)."""
     features = features or config.n_embd
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(features, eps=1e-5)  # x / rms(x) * gain: no mean to subtract, no bias
-    return nn.LayerNorm(features, bias=config.bias)
+        return nn.RMSNorm(features, eps=config.norm_eps)  # x / rms(x) * gain: no mean to subtract, no bias
+    return nn.LayerNorm(features, eps=config.norm_eps, bias=config.bias)
 
 
 class MLP(nn.Module):

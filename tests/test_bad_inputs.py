@@ -18,13 +18,15 @@ import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
 import trainer.pretrained as pretrained_module
 from data.files import FileLock
-from data.tokenizer import GPT2Tokenizer
+from data.prepare import CORPUS_DIR, prepare_text
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import run_cli
-from model.hf_gpt2 import hf_config, state_dict_to_hf, write_safetensors
+from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
+from model.hf import write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
-from trainer.pretrained import export_gpt2
+from trainer.pretrained import export_model
 
 
 @dataclass
@@ -136,7 +138,7 @@ def gpt2_dir(
 
     def setup(workspace: Path) -> None:
         model = tiny_model(vocab_size=64)
-        tensors = state_dict_to_hf(model)
+        tensors = tensors_to_hf(model.state_dict(), model.config, FAMILY_BY_TYPE["gpt2"])
         weights(tensors)
         buffer = io.BytesIO()
         write_safetensors(tensors, buffer, metadata={"format": "pt"})
@@ -149,9 +151,27 @@ def gpt2_dir(
         (workspace / "gpt2" / "model.safetensors").write_bytes(
             struct.pack("<Q", len(header_bytes)) + header_bytes + data[8 + header_len :]
         )
-        settings = hf_config(model.config, eos_token_id=None)
+        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], eos_token_id=None)
         config(settings)
         (workspace / "gpt2" / "config.json").write_text(json.dumps(settings))
+
+    return setup
+
+
+def llama_dir(
+    config: Callable[[dict], None] = lambda config: None, tokenizer_json: str | None = None
+) -> Callable[[Path], None]:
+    """A tiny Llama-family folder, llama/, exported from a model of ours, whose config.json config
+    changes and whose tokenizer.json is tokenizer_json, when given."""
+
+    def setup(workspace: Path) -> None:
+        model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+        export_model(model, CharTokenizer("".join(chr(32 + i) for i in range(65))), workspace / "llama")
+        settings = json.loads((workspace / "llama" / "config.json").read_text())
+        config(settings)
+        (workspace / "llama" / "config.json").write_text(json.dumps(settings))
+        if tokenizer_json is not None:
+            (workspace / "llama" / "tokenizer.json").write_text(tokenizer_json)
 
     return setup
 
@@ -182,6 +202,36 @@ def append_to_val_split(workspace: Path) -> None:
 def empty_val_split(workspace: Path) -> None:
     (workspace / "data" / "shakespeare_char" / "val.bin").write_bytes(b"")
     edit_meta(val_tokens=0)(workspace)
+
+
+def bpe_dataset(name: str, start: int = 0, vocab_size: int = 300) -> Callable[[Path], None]:
+    """data/<name>: 30,000 characters of Shakespeare from start, with a BPE of vocab_size trained on them."""
+
+    def setup(workspace: Path) -> None:
+        text = (CORPUS_DIR / "tinyshakespeare.txt").read_text()[start : start + 30_000]
+        prepare_text(text, "bpe", workspace / "data" / name, source=name, vocab_size=vocab_size, block_size=32)
+
+    return setup
+
+
+def remove_dataset_tokenizer(workspace: Path) -> None:
+    bpe_dataset("notes")(workspace)
+    (workspace / "data" / "notes" / "tokenizer.json").unlink()
+
+
+def replace_dataset_tokenizer(workspace: Path) -> None:
+    """tokenizer.json of another BPE of the same size: the ids would read as other text."""
+    bpe_dataset("notes")(workspace)
+    bpe_dataset("other", start=30_000)(workspace)
+    shutil.copy(workspace / "data" / "other" / "tokenizer.json", workspace / "data" / "notes" / "tokenizer.json")
+
+
+def bpe_run_and_another_bpe_dataset(workspace: Path) -> None:
+    """out/bpe trained on data/notes; data/other has a BPE of the same size trained on other text."""
+    bpe_dataset("notes")(workspace)
+    bpe_dataset("other", start=30_000)(workspace)
+    config = tiny_config(workspace / "out" / "bpe", workspace / "data", data__dataset="notes", train__max_iters=1)
+    Trainer(config).fit()
 
 
 TRAIN = ["--config", "tiny.toml"]
@@ -245,6 +295,16 @@ CATALOGUE = [
     Case("metadata-of-the-wrong-type", "train.py", TRAIN, "meta.json: vocab_size='65' is not a positive whole number", edit_meta(vocab_size="65")),
     Case("data-file-missing", "train.py", TRAIN, "train.bin is missing", lambda ws: (ws / "data" / "shakespeare_char" / "train.bin").unlink()),
     Case("folder-with-a-file-not-read", "data/prepare.py", ["--dataset", "corpus", "--tokenizer", "char", "--out", "prepared"], "--dataset='corpus': 1 file(s) in the folder would not be read: B.TXT (only .txt, .jsonl, .json, .parquet files are read", write_files("corpus/a.txt", "corpus/B.TXT")),
+    # tokenizers: trained here, or any tokenizer.json
+    Case("bpe-vocabulary-below-the-bytes", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "200", "--out", "notes"], "--vocab-size=200 is outside 257..1,048,576 (a byte-level BPE holds the 256 bytes", write_files("corpus.txt")),
+    Case("bpe-vocabulary-absurdly-large", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", str(10**10), "--out", "notes"], f"--vocab-size={10**10} is outside 257..1,048,576", write_files("corpus.txt")),
+    Case("bpe-without-a-vocabulary-size", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--out", "notes"], "--tokenizer=bpe trains a BPE and needs its size: pass --vocab-size", write_files("corpus.txt")),
+    Case("vocabulary-size-without-bpe", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "gpt2", "--vocab-size", "4096", "--out", "notes"], "--vocab-size=4096 applies only to --tokenizer=bpe, not gpt2", write_files("corpus.txt")),
+    Case("tokenizer-json-that-does-not-load", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bad.json", "--out", "notes"], "bad.json is not a tokenizer.json that the tokenizers package can load (", lambda ws: (write_files("corpus.txt")(ws), write("bad.json", '{"version": "1.0"}')(ws))),
+    Case("tokenizer-json-missing", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "nowhere.json", "--out", "notes"], "--tokenizer='nowhere.json' is not a file (give a tokenizer.json, char, gpt2 or bpe)", write_files("corpus.txt")),
+    Case("dataset-without-its-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "data/notes/tokenizer.json is missing, and the dataset's token ids mean nothing without it", remove_dataset_tokenizer),
+    Case("dataset-with-another-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "the tokenizer.json is not the one the dataset was tokenized with (its sha256 is not tokenizer_sha256=", replace_dataset_tokenizer),
+    Case("resume-on-another-tokenizer", "train.py", ["--config", "out/bpe/config.toml", "--train.init_from=resume", "--data.dataset=other"], "data.dataset='other' has the run's json vocabulary size (300) but its token ids stand for other text", bpe_run_and_another_bpe_dataset),
     # runs and checkpoints
     Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
@@ -311,22 +371,28 @@ CATALOGUE = [
     # GPT-2 directories
     Case("gpt2-directory-missing", "sample.py", ["--init-from", "nowhere"], "--init-from='nowhere' is not a directory"),
     Case("not-a-gpt2-directory", "sample.py", ["--init-from", "out"], "--init-from='out' cannot be loaded: out has no config.json"),
-    Case("safetensors-offsets-past-the-end", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/model.safetensors is truncated or damaged: tensor transformer.wte.weight ends past the end of the file", gpt2_dir(header=lambda h: h["transformer.wte.weight"]["data_offsets"].__setitem__(1, 10**9))),
-    Case("safetensors-shape-that-does-not-fit-its-bytes", "sample.py", ["--init-from", "gpt2"], "tensor transformer.wte.weight of shape (64, 33) in F32 needs 8448 bytes, but its data_offsets give 8192", gpt2_dir(header=lambda h: h["transformer.wte.weight"].update(shape=[64, 33]))),
-    Case("safetensors-header-longer-than-the-file", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a safetensors file (its header would end past the end of the file)", lie_about_header_length),
+    Case("safetensors-offsets-past-the-end", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: invalid shape, data type, or offset for tensor)", gpt2_dir(header=lambda h: h["transformer.wte.weight"]["data_offsets"].__setitem__(1, 10**9))),
+    Case("safetensors-shape-that-does-not-fit-its-bytes", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: invalid shape, data type, or offset for tensor)", gpt2_dir(header=lambda h: h["transformer.wte.weight"].update(shape=[64, 33]))),
+    Case("safetensors-header-longer-than-the-file", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors is not a readable safetensors file (Error while deserializing header: header too large)", lie_about_header_length),
     Case("hf-config-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json holds a JSON list, not an object of settings", lambda ws: (gpt2_dir()(ws), write("gpt2/config.json", "[1, 2]")(ws))),
     Case("hf-config-size-not-an-integer", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32.5, which is not a positive integer", gpt2_dir(config=lambda c: c.update(n_embd=32.5))),
     Case("hf-config-lying-about-size", "sample.py", ["--init-from", "gpt2"], "wte.weight has shape (64, 32) but config.json implies (64, 1000000000)", gpt2_dir(config=lambda c: c.update(n_embd=10**9, n_head=1))),
     Case("hf-config-token-beyond-the-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/config.json sets eos_token_id=64, which is not a token id below its vocab_size=64", gpt2_dir(config=lambda c: c.update(eos_token_id=64))),
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
     Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "h.0.mlp.c_fc.weight holds NaN or infinite values", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
-    Case("export-a-char-level-model", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "this model reads 'char' tokens"),
+    Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
+    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
+    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
+    Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "--init-from='llama' holds a model of vocab_size=65 (llama/config.json), fewer than the 70 tokens of its tokenizer (llama/tokenizer.json)", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
+    Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
+    Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
-    Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of GPT-2's BPE", gpt2_dir()),
-    Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of GPT-2's BPE", gpt2_dir()),
+    Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
+    Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds a model (config.json, model.safetensors)", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
+    Case("prepare-over-a-foreign-tokenizer", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "300", "--out", "nano"], "nano holds tokenizer.json but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/tokenizer.json", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
     Case("hand-written-run-config", "train.py", ["--config", "out/mine/config.toml"], "train.out_dir='out/mine' holds a config.toml that train.py did not write", lambda ws: write_files("out/mine/config.toml")(ws, tiny_toml("out/mine", "data"))),
     Case("run-directory-in-use", "train.py", RESUME, "train.out_dir='out/tiny' is in use by another training (pid", hold_lock("out/tiny/train.lock")),
@@ -377,6 +443,7 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
     case.setup(workspace)
+    capsys.readouterr()  # what the setup printed (preparing, training) is not the entry point's
     before = snapshot(workspace)
     code = run_entry_point(case.script, case.args, monkeypatch)
     err = capsys.readouterr().err
@@ -445,7 +512,7 @@ def test_a_full_disk_while_exporting_ends_in_one_line_and_leaves_no_partial_file
     model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size)
     monkeypatch.setattr(pretrained_module, "write_safetensors", disk_full)
     with pytest.raises(SystemExit) as exit_info:
-        run_cli(lambda: export_gpt2(model, GPT2Tokenizer(), tmp_path / "exported"))
+        run_cli(lambda: export_model(model, GPT2Tokenizer(), tmp_path / "exported"))
     err = capsys.readouterr().err
     assert exit_info.value.code == 2, err
     assert err.strip().splitlines() == [

@@ -111,7 +111,10 @@ def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
         (["--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
         (["--train.device=gpu"], "train.device='gpu' is not one of auto, cpu, cuda, cuda:N, mps"),
         (["--train.threads=-1"], r"train.threads=-1 must be 0 \(torch's default\) or positive"),
-        (["--train.init_from="], "train.init_from='' is not one of scratch, resume or the path of a GPT-2 directory"),
+        (
+            ["--train.init_from="],
+            "train.init_from='' is not one of scratch, resume or a Hugging Face model folder or hub id",
+        ),
         (["--optim.min_lr=1", "--optim.learning_rate=0.1"], "optim.min_lr=1.0 must be between 0 and learning_rate=0.1"),
         (
             ["--optim.warmup_iters=10", "--optim.lr_decay_iters=5"],

@@ -15,7 +15,7 @@ from tests.conftest import tiny_model
 from tests.test_masks import EOT, PATTERNS
 from tests.test_pattern_decoding import decode_with_cache, tokens
 from trainer.config import load_config
-from trainer.pretrained import export_gpt2
+from trainer.pretrained import export_model
 
 VOCAB = 50
 BLOCK = 32
@@ -92,6 +92,6 @@ def test_restarting_positions_without_document_masking_is_refused():
 
 def test_export_to_gpt2_refuses_restarting_positions(tmp_path):
     model = tiny_model(VOCAB, BLOCK, **RESTARTING)
-    with pytest.raises(UserError, match="plain causal, but this model was trained with model.attn_documents=true"):
-        export_gpt2(model, GPT2Tokenizer(), tmp_path / "exported")
+    with pytest.raises(UserError, match="model.attn_documents=true is computed by no Hugging Face family"):
+        export_model(model, GPT2Tokenizer(), tmp_path / "exported")
     assert not (tmp_path / "exported").exists()

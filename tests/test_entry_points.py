@@ -3,11 +3,13 @@
 
 import json
 import math
+import shutil
 import tomllib
 
 import pytest
 import torch
 
+from data.prepare import CORPUS_DIR
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -169,6 +171,28 @@ def test_bpe_model_trains_and_samples(bpe_data_dir, tmp_path):
     assert sample.stdout.startswith("Hello") and len(sample.stdout) > len("Hello\n")
 
 
+def test_a_bpe_trained_on_the_corpus_prepares_trains_and_samples_without_its_dataset(tmp_path):
+    (tmp_path / "notes.txt").write_text((CORPUS_DIR / "tinyshakespeare.txt").read_text()[:40_000])
+    prepare = run_script(
+        "data/prepare.py", "--dataset", "notes.txt", "--tokenizer", "bpe", "--vocab-size", "320", "--out", "data/notes",
+        "--block-size", "32", cwd=tmp_path,
+    )  # fmt: skip
+    assert prepare.returncode == 0, prepare.stderr
+    assert "training a byte-level BPE of 320 tokens" in prepare.stdout and "vocabulary 320" in prepare.stdout
+    assert {"tokenizer.json", "meta.json"} <= {p.name for p in (tmp_path / "data" / "notes").iterdir()}
+    (tmp_path / "bpe.toml").write_text(tiny_toml(out_dir="run", data_dir="data"))
+    train = run_script("train.py", "--config", "bpe.toml", "--data.dataset=notes", "--train.max_iters=4",
+                       "--train.eval_interval=4", cwd=tmp_path)  # fmt: skip
+    assert train.returncode == 0, train.stderr
+    shutil.rmtree(tmp_path / "data")  # the checkpoint carries its tokenizer
+    sample = run_script(
+        "sample.py", "--out-dir", "run", "--prompt", "ROMEO: ¿qué? 🙂", "--max-new-tokens", "8", "--device", "cpu",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("ROMEO: ¿qué? 🙂") and len(sample.stdout) > len("ROMEO: ¿qué? 🙂\n")
+
+
 def test_train_help_lists_the_config_keys():
     result = run_script("train.py", "--help")
     assert result.returncode == 0
@@ -202,15 +226,17 @@ def test_sample_rejects_a_corrupt_checkpoint(trained):
 
 def test_val_bench_scores_runs_on_the_same_windows_of_the_whole_split(trained):
     """bench/val.py: a row per run with the trainer's last val loss beside the loss over windows
-    every --stride tokens of the whole split; a run scored twice gets the same figure."""
+    every --stride tokens of the whole split, and that in bits per byte; a run scored twice gets the same figure."""
     workdir, _ = trained
     result = run_script("bench/val.py", "out/tiny", "out/tiny", "--stride", "64", cwd=workdir)
     assert result.returncode == 0, result.stderr
     rows = [line.strip(" |").split(" | ") for line in result.stdout.splitlines() if line.startswith("| out/tiny")]
     assert len(rows) == 2 and rows[0] == rows[1]
-    _, _, trainer_loss, split_loss, windows = rows[0]
+    _, _, trainer_loss, split_loss, bits_per_byte, windows = rows[0]
     assert abs(float(split_loss) - float(trainer_loss)) < 0.2  # the same metric, on more text
     meta = json.loads((workdir / "data" / "shakespeare_char" / "meta.json").read_text())
+    bytes_per_token = meta["val_bytes"] / meta["val_tokens"]  # 1 but for a few multi-byte characters
+    assert float(bits_per_byte) == pytest.approx(float(split_loss) / math.log(2) / bytes_per_token, abs=1e-3)
     block_size = tomllib.loads((workdir / "tiny.toml").read_text())["model"]["block_size"]
     assert int(windows.replace(",", "")) == math.ceil((meta["val_tokens"] - block_size) / 64)
 

@@ -23,7 +23,7 @@ from trainer.evaluate import (
 )
 from trainer.loop import Trainer
 from trainer.metrics import read_metrics
-from trainer.pretrained import export_gpt2
+from trainer.pretrained import export_model
 from trainer.tasks import Item, Task, load_task
 
 TASKS = PROJECT_ROOT / "tests" / "tasks"
@@ -150,7 +150,7 @@ def test_hellaswag_records_lose_their_bracketed_marks():
 def test_eval_py_writes_every_task_under_its_stem(tmp_path, monkeypatch, capsys):
     tokenizer = GPT2Tokenizer()
     model = tiny_model(vocab_size=tokenizer.vocab_size)
-    export_gpt2(model, tokenizer, tmp_path / "model")
+    export_model(model, tokenizer, tmp_path / "model")
     tasks = [str(TASKS / "next_line.jsonl"), f"lambada={TASKS / 'lambada.jsonl'}", str(TASKS / "passage.txt")]
     out = tmp_path / "out.json"
     args = ["--init-from", str(tmp_path / "model"), "--tasks", ",".join(tasks), "--json", str(out), "--device", "cpu"]

@@ -15,7 +15,7 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from tests.conftest import PROJECT_ROOT, tiny_model
 from trainer.evaluate import evaluate_task, score_items
-from trainer.pretrained import export_gpt2
+from trainer.pretrained import export_model
 from trainer.tasks import load_task
 
 # found, not imported: importing the harness imports `datasets`, which must wait for conftest's offline setup
@@ -35,13 +35,12 @@ AGREEMENT = {
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory) -> tuple[Path, Path, object]:
     """A tiny GPT-2 BPE model with a 32-token block (so that long questions lose their start), its
-    export with tokenizer files, and a folder of task definitions over the shipped files."""
-    from trainer.harness import local_task_yaml, write_gpt2_tokenizer
+    export (its tokenizer files included), and a folder of task definitions over the shipped files."""
+    from trainer.harness import local_task_yaml
 
     root = tmp_path_factory.mktemp("harness")
     model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size, block_size=32)
-    export_gpt2(model, GPT2Tokenizer(), root / "model")
-    write_gpt2_tokenizer(root / "model")
+    export_model(model, GPT2Tokenizer(), root / "model")
     (root / "tasks").mkdir()
     for name, (include, data_file) in AGREEMENT.items():
         (root / "tasks" / f"local_{name}.yaml").write_text(local_task_yaml(f"local_{name}", TASKS / data_file, include))

@@ -8,10 +8,11 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
-from model.hf_gpt2 import read_safetensors, write_safetensors
-from tests.conftest import run_entry_point, run_script, tiny_config, tiny_model
+from model.hf import read_safetensors, write_safetensors
+from tests.conftest import run_entry_point, tiny_config, tiny_model
+from tests.test_families import greedy_sample_py_and_transformers
 from trainer.loop import Trainer
-from trainer.pretrained import export_gpt2, model_from_gpt2_dir
+from trainer.pretrained import export_model, model_from_pretrained
 
 transformers = pytest.importorskip("transformers")
 
@@ -27,7 +28,12 @@ def offline(monkeypatch, tmp_path):
 def hf_model(n_positions: int = 64, seed: int = 0):
     torch.manual_seed(seed)
     config = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_positions=n_positions, vocab_size=VOCAB)
-    return transformers.GPT2LMHeadModel(config).eval()
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # as trained: transformers starts biases at zero, which read as a model without them
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.02)
+    return model
 
 
 @pytest.fixture
@@ -38,7 +44,7 @@ def hf_dir(tmp_path):
 
 
 def test_loaded_gpt2_gives_the_logits_of_transformers(hf_dir):
-    model, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    model, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     reference = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
     idx = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
@@ -49,7 +55,7 @@ def test_loaded_gpt2_gives_the_logits_of_transformers(hf_dir):
 
 
 def test_pytorch_model_bin_with_mask_buffers_loads_like_safetensors(hf_dir, tmp_path):
-    from_safetensors, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    from_safetensors, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "config.json").write_text((hf_dir / "config.json").read_text())
@@ -58,34 +64,24 @@ def test_pytorch_model_bin_with_mask_buffers_loads_like_safetensors(hf_dir, tmp_
     state |= {f"h.{i}.attn.bias": torch.ones(1, 1, 64, 64).tril() for i in range(2)}
     state["h.0.attn.masked_bias"] = torch.tensor(-1e4)
     torch.save(state, bin_dir / "pytorch_model.bin")
-    from_bin, _ = model_from_gpt2_dir(bin_dir, key="--init-from")
+    from_bin, _ = model_from_pretrained(str(bin_dir), key="--init-from")[:2]
     for name, tensor in from_safetensors.state_dict().items():
         assert torch.equal(from_bin.state_dict()[name], tensor), name
 
 
 def test_greedy_sample_py_continuation_equals_transformers_generate(hf_dir):
-    prompt = "The quick brown fox"
-    result = run_script(
-        "sample.py", "--init-from", str(hf_dir), "--prompt", prompt, "--temperature", "0", "--max-new-tokens", "32",
-        "--device", "cpu",
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    tokenizer = GPT2Tokenizer()
-    reference = transformers.GPT2LMHeadModel.from_pretrained(hf_dir).eval()
-    prompt_ids = torch.tensor([tokenizer.encode(prompt)])
-    output = reference.generate(
-        prompt_ids, max_new_tokens=32, do_sample=False, eos_token_id=tokenizer.eot_token, pad_token_id=0
-    )
-    new_ids = output[0, prompt_ids.size(1) :].tolist()
-    if tokenizer.eot_token in new_ids:
-        new_ids = new_ids[: new_ids.index(tokenizer.eot_token)]
-    assert result.stdout == prompt + tokenizer.decode(new_ids) + "\n"
+    printed, expected = greedy_sample_py_and_transformers(hf_dir, GPT2Tokenizer(), "The quick brown fox", 32)
+    assert printed == expected
 
 
 @pytest.mark.parametrize("bias", [True, False])
 def test_exported_model_loads_in_transformers_bit_exactly(tmp_path, bias):
     model = tiny_model(vocab_size=VOCAB, block_size=48, bias=bias)
-    export_gpt2(model, GPT2Tokenizer(), tmp_path / "export")
+    with torch.no_grad():  # trained biases: all-zero ones come back as no biases, which compute the same
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.normal_(0, 0.02)
+    export_model(model, GPT2Tokenizer(), tmp_path / "export")
     reference, info = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "export", output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     hf_state = reference.state_dict()
@@ -101,7 +97,7 @@ def test_exported_model_loads_in_transformers_bit_exactly(tmp_path, bias):
     idx = torch.randint(0, VOCAB, (1, 48))
     with torch.no_grad():
         assert (reference.eval()(idx).logits - model(idx)[0]).abs().max().item() < 1e-4
-    reloaded, _ = model_from_gpt2_dir(tmp_path / "export", key="--init-from")
+    reloaded, _ = model_from_pretrained(str(tmp_path / "export"), key="--init-from")[:2]
     for name, tensor in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[name], tensor), name
 
@@ -128,24 +124,25 @@ def test_safetensors_round_trip_keeps_dtypes_and_values(tmp_path):
 @pytest.mark.parametrize(
     "change,fragment",
     [
-        ({"model_type": "llama"}, "model_type='llama'; only GPT-2 models"),
-        ({"activation_function": "relu"}, "activation_function='relu'; this model supports only 'gelu_new'"),
+        ({"model_type": "bert"}, "model_type='bert', a family this model cannot compute (it reads gpt2, llama"),
+        ({"model_type": "llama"}, "a key this model cannot compute (it is none of the llama keys"),
+        ({"activation_function": "relu"}, "activation_function='relu'; this model computes only 'gelu_new' or"),
         ({"n_embd": 128}, "has shape (50257, 64) but config.json implies (50257, 128)"),
     ],
-    ids=["not-gpt2", "activation", "shape"],
+    ids=["unknown-family", "gpt2-keys-as-llama", "activation", "shape"],
 )
 def test_a_directory_that_is_not_this_gpt2_is_a_clear_error(hf_dir, change, fragment):
     config = json.loads((hf_dir / "config.json").read_text())
     (hf_dir / "config.json").write_text(json.dumps(config | change))
     with pytest.raises(UserError, match="--init-from=.*cannot be loaded: ") as error:
-        model_from_gpt2_dir(hf_dir, key="--init-from")
+        model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     assert fragment in str(error.value)
 
 
 def test_missing_weights_are_a_clear_error(hf_dir):
     (hf_dir / "model.safetensors").unlink()
     with pytest.raises(UserError, match="has neither model.safetensors nor pytorch_model.bin"):
-        model_from_gpt2_dir(hf_dir, key="--init-from")
+        model_from_pretrained(str(hf_dir), key="--init-from")[:2]
 
 
 def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path):
@@ -153,7 +150,7 @@ def test_fine_tuning_starts_from_the_gpt2_weights(hf_dir, bpe_data_dir, tmp_path
         tmp_path / "run", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(hf_dir), model__dropout=0.1
     )
     trainer = Trainer(cfg)
-    loaded, _ = model_from_gpt2_dir(hf_dir, key="--init-from")
+    loaded, _ = model_from_pretrained(str(hf_dir), key="--init-from")[:2]
     model_cfg = trainer.cfg.model
     assert (model_cfg.n_layer, model_cfg.n_embd, model_cfg.vocab_size, model_cfg.bias) == (2, 64, VOCAB, True)
     assert model_cfg.block_size == 32 and model_cfg.dropout == 0.1  # the run's own
@@ -171,15 +168,15 @@ def padded_gpt2_dir(directory, vocab_size: int = 50304):
     extra = 50 * torch.randn(vocab_size - VOCAB, model.config.n_embd, generator=torch.Generator().manual_seed(0))
     wte = torch.cat([state["transformer.wte.weight"], extra])  # (vocab_size, n_embd)
     padded.load_state_dict(state | {"transformer.wte.weight": wte, "lm_head.weight": wte})
-    export_gpt2(padded, GPT2Tokenizer(), directory)
+    export_model(padded, GPT2Tokenizer(), directory)
     return directory, model
 
 
 def test_a_gpt2_directory_padded_beyond_the_tokenizer_samples_as_the_unpadded_model(tmp_path, monkeypatch, capsys):
     padded_dir, model = padded_gpt2_dir(tmp_path / "padded")
-    export_gpt2(model, GPT2Tokenizer(), tmp_path / "plain")
+    export_model(model, GPT2Tokenizer(), tmp_path / "plain")
     prompt = "The quick brown fox"
-    loaded, _ = model_from_gpt2_dir(padded_dir, key="--init-from")
+    loaded, _, _ = model_from_pretrained(str(padded_dir), key="--init-from")
     ids = torch.tensor([GPT2Tokenizer().encode(prompt)])
     assert loaded(ids)[0][0, -1].argmax() >= VOCAB  # a padding row would win, were it drawn
     samples = []
@@ -194,14 +191,17 @@ def test_fine_tuning_keeps_a_padded_vocabulary_and_its_weights(tmp_path, bpe_dat
     padded_dir, _ = padded_gpt2_dir(tmp_path / "padded")
     cfg = tiny_config(tmp_path / "run", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(padded_dir))
     trainer = Trainer(cfg)
-    loaded, _ = model_from_gpt2_dir(padded_dir, key="--init-from")
+    loaded, _, _ = model_from_pretrained(str(padded_dir), key="--init-from")
     assert trainer.cfg.model.vocab_size == 50304
     assert torch.equal(trainer.model.transformer.wte.weight, loaded.transformer.wte.weight)
     assert math.isfinite(trainer.train_step(1e-4).item())
 
 
 def test_fine_tuning_needs_a_gpt2_bpe_dataset_and_fitting_context(hf_dir, data_dir, bpe_data_dir, tmp_path):
-    with pytest.raises(UserError, match="data.dataset='shakespeare_char' was prepared with the 'char' tokenizer"):
+    with pytest.raises(
+        UserError,
+        match="reads the ids of its GPT-2 BPE, but data.dataset='shakespeare_char' was prepared with another tokenizer",
+    ):
         Trainer(tiny_config(tmp_path / "a", data_dir, train__init_from=str(hf_dir)))
     too_long = tiny_config(
         tmp_path / "b", bpe_data_dir, data__dataset="shakespeare", train__init_from=str(hf_dir), model__block_size=65

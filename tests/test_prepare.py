@@ -16,7 +16,7 @@ import data.sources as sources_module
 from data.loader import TokenDataset
 from data.prepare import CORPUS_DIR, in_val, prepare, split_long
 from data.sources import Corpus, local_files, open_corpus, open_text_file
-from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta
+from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, tokenizer_from_meta, train_bpe
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, run_script
 
@@ -143,6 +143,48 @@ def test_single_text_file_is_cut_by_characters(tmp_path):
     assert tokens["val"].tolist() == encoding.encode_ordinary(CORPUS[40_000:50_000])
 
 
+def test_bpe_trained_on_the_train_split_ships_with_the_data_and_decodes_it_back(tmp_path):
+    meta = prepare_local(write_corpus(tmp_path / "corpus", "jsonl"), tmp_path / "out", tokenizer="bpe", vocab_size=400)
+    assert meta["tokenizer"] == "json" and meta["vocab_size"] == 400 and meta["separator"] == END_OF_TEXT
+    dataset, tokens = read_splits(tmp_path / "out")
+    tokenizer = tokenizer_from_meta(dataset.meta)
+    assert tokenizer.sha256 == meta["tokenizer_sha256"] and tokenizer.eot_token == 0
+    for split, is_val in (("train", False), ("val", True)):
+        expected = [text for i, text in enumerate(DOCUMENTS) if in_val(i, prepare_module.SEED, 0.25) == is_val]
+        assert tokenizer.decode(tokens[split].tolist()).split(END_OF_TEXT)[:-1] == expected
+    # the val documents are not what the tokenizer learnt from: it is the one trained on train alone
+    train = [text for i, text in enumerate(DOCUMENTS) if not in_val(i, prepare_module.SEED, 0.25)]
+    assert train_bpe(train, 400, progress=False).to_json() == (tmp_path / "out" / "tokenizer.json").read_text()
+
+
+def test_a_given_tokenizer_json_prepares_the_same_ids(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus", "jsonl")
+    prepare_local(corpus, tmp_path / "trained", tokenizer="bpe", vocab_size=300)
+    given = tmp_path / "given.json"
+    given.write_bytes((tmp_path / "trained" / "tokenizer.json").read_bytes())
+    prepare_local(corpus, tmp_path / "reused", tokenizer=str(given))
+    for name in ("train.bin", "val.bin", "meta.json", "tokenizer.json"):
+        assert (tmp_path / "reused" / name).read_bytes() == (tmp_path / "trained" / name).read_bytes()
+
+
+def test_failed_bpe_preparation_leaves_no_tokenizer_behind(tmp_path):
+    with pytest.raises(UserError, match=r"fewer than --block-size \+ 1 = 50,001"):
+        prepare_local(write_corpus(tmp_path / "corpus", "jsonl"), tmp_path / "out", tokenizer="bpe", vocab_size=300,
+                      block_size=50_000)  # fmt: skip
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_a_dataset_whose_tokenizer_json_changed_is_refused(tmp_path):
+    prepare_local(write_corpus(tmp_path / "corpus", "jsonl"), tmp_path / "out", tokenizer="bpe", vocab_size=300)
+    path = tmp_path / "out" / "tokenizer.json"
+    path.write_text(path.read_text().replace('"<|endoftext|>"', '"<|end|>"'))
+    with pytest.raises(UserError, match=r"the tokenizer.json is not the one the dataset was tokenized with"):
+        TokenDataset(tmp_path / "out")
+    path.unlink()
+    with pytest.raises(UserError, match=r"tokenizer.json is missing, and the dataset's token ids mean nothing"):
+        TokenDataset(tmp_path / "out")
+
+
 def assert_nothing_written(out):
     assert not out.exists(), sorted(p.name for p in out.iterdir())
 
@@ -151,6 +193,13 @@ def test_empty_file_is_refused(tmp_path):
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(UserError, match=r"empty.txt is empty: there is nothing to train on"):
         prepare_local(tmp_path / "empty.txt", tmp_path / "out")
+    assert_nothing_written(tmp_path / "out")
+
+
+def test_bpe_on_a_corpus_of_empty_documents_is_refused(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"text": ""}\n{"text": ""}\n')
+    with pytest.raises(UserError, match=r"the corpus \(or its train split\) is empty: there is no text to train"):
+        prepare_local(tmp_path / "c.jsonl", tmp_path / "out", tokenizer="bpe", vocab_size=300)
     assert_nothing_written(tmp_path / "out")
 
 

@@ -12,12 +12,14 @@ import pytest
 import sample
 from data.loader import read_meta
 from data.sources import open_corpus
-from model.hf_gpt2 import hf_config, load_gpt2_dir, state_dict_to_hf, write_safetensors
+from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
+from model.hf import load_dir, write_safetensors
 from tests.conftest import tiny_config, tiny_model
 from trainer.config import is_run_config, load_config, run_config_toml
 from trainer.metrics import read_metrics
 
 BYTE_ORDER_MARK = b"\xef\xbb\xbf"
+GPT2 = FAMILY_BY_TYPE["gpt2"]
 
 
 def corpus_texts(path: Path) -> list[str]:
@@ -32,8 +34,8 @@ def gpt2_config(path: Path) -> object:
     """The model config of a GPT-2 directory whose config.json is the file at path."""
     model = tiny_model(vocab_size=64)
     with open(path.parent / "model.safetensors", "wb") as f:
-        write_safetensors(state_dict_to_hf(model), f, metadata={"format": "pt"})
-    return load_gpt2_dir(path.parent)[0]
+        write_safetensors(tensors_to_hf(model.state_dict(), model.config, GPT2), f, metadata={"format": "pt"})
+    return load_dir(path.parent)[1]
 
 
 def meta(path: Path) -> dict:
@@ -51,7 +53,7 @@ READERS: dict[str, tuple[str, Callable[[Path, Path], str], Callable[[Path], obje
     "metrics-jsonl": ("metrics.jsonl", lambda data, run: '{"step": 1, "loss": 4.2}\n', read_metrics),
     "gpt2-config-json": (
         "config.json",
-        lambda data, run: json.dumps(hf_config(tiny_model(vocab_size=64).config, eos_token_id=None)),
+        lambda data, run: json.dumps(hf_config(tiny_model(vocab_size=64).config, GPT2, eos_token_id=None)),
         gpt2_config,
     ),
 }

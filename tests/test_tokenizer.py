@@ -1,7 +1,17 @@
 import pytest
+import tokenizers
 
 import data.tokenizer as tokenizer_module
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, StreamDecoder, tokenizer_from_meta
+from data.tokenizer import (
+    MAX_VOCAB_SIZE,
+    CharTokenizer,
+    GPT2Tokenizer,
+    JsonTokenizer,
+    StreamDecoder,
+    tokenizer_from_meta,
+    train_bpe,
+    vocabulary_fingerprint,
+)
 from errors import UserError
 
 SAMPLE = "First Citizen:\nBefore we proceed any further, hear me speak.\n"
@@ -46,12 +56,17 @@ def test_gpt2_rank_file_is_checked_against_its_hash(tmp_path, monkeypatch):
     tampered = tmp_path / "gpt2.tiktoken"
     tampered.write_bytes(tokenizer_module.GPT2_RANKS_FILE.read_bytes() + b"\n")
     monkeypatch.setattr(tokenizer_module, "GPT2_RANKS_FILE", tampered)
-    tokenizer_module.gpt2_encoding.cache_clear()
+    clear_gpt2_caches()
     try:
         with pytest.raises(UserError, match="not GPT-2's"):
             GPT2Tokenizer()
     finally:
-        tokenizer_module.gpt2_encoding.cache_clear()
+        clear_gpt2_caches()
+
+
+def clear_gpt2_caches():
+    tokenizer_module.gpt2_encoding.cache_clear()
+    tokenizer_module.gpt2_ranks.cache_clear()
 
 
 def test_tokenizer_from_metadata():
@@ -108,3 +123,130 @@ def test_text_held_back_for_a_possible_stop_string_is_released_when_it_does_not_
     pieces, stopped = stream(tokenizer, tokenizer.encode("abcabd"), stop=("abd!",))
     assert "".join(pieces) == "abcabd" and not stopped
     assert pieces[:3] == ["", "", "abc"]  # "a", "ab" might begin the stop string; "abc" cannot
+
+
+# A few KB of mixed text: enough merges for multi-byte characters to fall inside tokens.
+BPE_CORPUS = (SAMPLE + "naïve café, 東京 and 東京タワー, emoji 🙂🙂 and ünïcödé.\n") * 40
+
+
+def trained_bpe(vocab_size: int = 400) -> JsonTokenizer:
+    return train_bpe([BPE_CORPUS], vocab_size, progress=False)
+
+
+def test_trained_bpe_round_trips_any_text_and_keeps_its_special_token_first():
+    tokenizer = trained_bpe()
+    text = "Unseen words, Ωmega and 🚀 rockets\n\ttabs"  # characters the corpus never had: byte tokens
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.eot_token == 0 and tokenizer.vocab_size <= 400
+    assert len(tokenizer.encode(SAMPLE)) < len(SAMPLE.encode("utf-8")) / 2  # the merges were learnt
+
+
+def test_bpe_prompt_may_contain_end_of_text_but_corpus_text_may_not():
+    tokenizer = trained_bpe()
+    assert tokenizer.encode("<|endoftext|>First")[0] == tokenizer.eot_token
+    assert tokenizer.eot_token not in tokenizer.encode_array("<|endoftext|>First").tolist()
+    assert tokenizer.encode_array(SAMPLE).tolist() == tokenizer.encode(SAMPLE)
+
+
+@pytest.mark.parametrize("vocab_size", [256, MAX_VOCAB_SIZE + 1])
+def test_bpe_vocabulary_below_the_bytes_or_absurdly_large_is_refused(vocab_size):
+    with pytest.raises(UserError, match=f"--vocab-size={vocab_size} is outside 257"):
+        train_bpe([BPE_CORPUS], vocab_size, progress=False)
+
+
+def test_bpe_on_an_empty_corpus_is_refused():
+    with pytest.raises(UserError, match=r"corpus \(or its train split\) is empty"):
+        train_bpe(["", ""], 300, progress=False)
+
+
+def test_streamed_bpe_continuation_equals_decode():
+    tokenizer = trained_bpe()
+    text = "rocket 🚀 (unseen: single bytes), 東京 and é<|endoftext|>"
+    ids = tokenizer.encode(text)
+    assert any(_is_incomplete_utf8(tokenizer.token_bytes(t)) for t in ids)
+    pieces, _ = stream(tokenizer, ids, stop=())
+    assert "".join(pieces) == tokenizer.decode(ids) == text
+
+
+def sentencepiece_style() -> JsonTokenizer:
+    """A tokenizer.json built as Llama 2's is: '▁' for spaces, byte-fallback tokens <0xNN> for what the
+    vocabulary lacks, a decoder that strips the space before the first word."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    for token in ["▁", "t", "h", "e", "a", "▁t", "▁th", "▁the", "▁a"]:
+        vocab[token] = len(vocab)
+    merges = [("▁", "t"), ("▁t", "h"), ("▁th", "e"), ("▁", "a")]
+    model = tokenizers.models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>", fuse_unk=True)
+    tokenizer = tokenizers.Tokenizer(model)
+    tokenizer.normalizer = tokenizers.normalizers.Sequence(
+        [tokenizers.normalizers.Prepend("▁"), tokenizers.normalizers.Replace(" ", "▁")]
+    )
+    decoders = tokenizers.decoders
+    tokenizer.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
+    tokenizer.add_special_tokens(["<s>", "</s>"])
+    return JsonTokenizer(tokenizer.to_str())
+
+
+def test_sentencepiece_style_tokens_stream_as_their_bytes_and_spaces():
+    tokenizer = sentencepiece_style()
+    assert tokenizer.eot_token == 2  # </s> separates documents
+    prompt, continuation = tokenizer.encode("the"), tokenizer.encode("a thé 東</s>")  # "▁a ..."
+    assert tokenizer.decode(prompt + continuation) == "the a thé 東</s>"
+    assert tokenizer.token_bytes(tokenizer.encode("é")[-1]) == "é".encode()[-1:]  # a byte-fallback token
+    # what sample.py shows after the prompt: the continuation's leading space included
+    pieces, _ = stream(tokenizer, continuation, stop=())
+    assert tokenizer.decode(prompt) + "".join(pieces) == tokenizer.decode(prompt + continuation)
+
+
+def test_a_file_that_is_not_a_tokenizer_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text('{"version": "1.0"}')
+    with pytest.raises(
+        UserError, match=r"tokenizer.json is not a tokenizer.json that the tokenizers package can load \("
+    ):
+        JsonTokenizer.from_file(path)
+    with pytest.raises(UserError, match="is not a file"):
+        JsonTokenizer.from_file(tmp_path / "missing.json")
+
+
+def test_json_tokenizer_metadata_rebuilds_it_and_fingerprints_its_vocabulary():
+    small, large = trained_bpe(300), trained_bpe(400)
+    meta = {
+        "tokenizer": "json",
+        "vocab_size": small.vocab_size,
+        "tokenizer_json": small.to_json(),
+        "tokenizer_sha256": small.sha256,
+    }
+    rebuilt = tokenizer_from_meta(meta)
+    assert rebuilt.encode(SAMPLE) == small.encode(SAMPLE)
+    other = {**meta, "tokenizer_json": large.to_json(), "tokenizer_sha256": large.sha256}
+    assert vocabulary_fingerprint(meta) != vocabulary_fingerprint(other)
+    assert vocabulary_fingerprint(meta) == vocabulary_fingerprint(dict(meta))
+
+
+def test_a_trained_bpe_is_encoded_by_tiktoken_with_the_tokenizers_packages_ids():
+    tokenizer = trained_bpe()
+    assert tokenizer.encoding is not None  # GPT-2's scheme: the fast encoder
+    text = BPE_CORPUS + "  x\n\n\t 12345 can't 'tis ĳ 🚀\u00a0end  " + SAMPLE.upper()
+    assert tokenizer.encode_array(text).tolist() == tokenizer.corpus_tokenizer.encode(text).ids
+    prompt = "Before<|endoftext|>we 🙂"
+    assert tokenizer.encode(prompt) == tokenizer.tokenizer.encode(prompt, add_special_tokens=False).ids
+    assert sentencepiece_style().encoding is None  # '▁' and byte fallback: the tokenizers package encodes it
+
+
+def test_gpt2_as_a_tokenizer_json_encodes_as_gpt2_in_both_encoders():
+    gpt2 = GPT2Tokenizer()
+    rebuilt = JsonTokenizer(gpt2.to_json())
+    assert (rebuilt.vocab_size, rebuilt.eot_token) == (50257, 50256) and rebuilt.encoding is not None
+    text = SAMPLE + "naïve café, 東京 🙂 can't  stop\n\n"
+    ids = gpt2.encode_ordinary(text)
+    assert rebuilt.corpus_tokenizer.encode(text).ids == rebuilt.encode_array(text).tolist() == ids
+    assert rebuilt.encode("Hello<|endoftext|>") == gpt2.encode("Hello<|endoftext|>")
+
+
+def test_char_vocabulary_as_a_tokenizer_json_keeps_its_ids():
+    chars = CharTokenizer.from_text(SAMPLE)
+    rebuilt = JsonTokenizer(chars.to_json())
+    assert rebuilt.encode(SAMPLE) == chars.encode(SAMPLE) and rebuilt.decode(chars.encode(SAMPLE)) == SAMPLE
+    assert [rebuilt.token_bytes(i) for i in range(chars.vocab_size)] == [ch.encode() for ch in chars.chars]

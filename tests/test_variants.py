@@ -3,6 +3,7 @@ each trains, stays causal, decodes through the cache as the full forward pass do
 where GPT-2 is required."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -10,10 +11,11 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from errors import ConfigError, UserError
 from model import GPT, GPTConfig
+from model.families import FAMILY_BY_TYPE
 from tests.conftest import tiny_model
 from tests.test_kv_cache import decode_with_cache
 from trainer.config import build_config, load_config
-from trainer.pretrained import export_gpt2, with_gpt2_shape
+from trainer.pretrained import Pretrained, export_model, with_pretrained_shape
 
 VOCAB = 50
 BLOCK = 32
@@ -160,17 +162,24 @@ def test_bad_variant_values_are_one_line_errors(override, message):
 
 
 @pytest.mark.parametrize("variant", VARIANTS.values(), ids=VARIANTS.keys())
-def test_export_to_gpt2_refuses_a_variant_naming_the_key(variant, tmp_path):
+def test_export_refuses_a_variant_no_family_computes_naming_one_of_its_keys(variant, tmp_path):
+    """Each variant on GPT-2's other switches (docs/models.md: the families compute them in other
+    combinations, never with learned positions, LayerNorm and GELU)."""
     model = tiny_model(VOCAB, BLOCK, **variant)
-    key, value = next((k, v) for k, v in variant.items() if k != "bias")
-    with pytest.raises(UserError, match=rf"^--export writes a GPT-2 model, but model.{key}=.* is not GPT-2's"):
-        export_gpt2(model, GPT2Tokenizer(), tmp_path / "export")
+    with pytest.raises(UserError, match=r"^--export cannot write this model: model\.") as error:
+        export_model(model, GPT2Tokenizer(), tmp_path / "export")
+    named = re.match(r"^--export cannot write this model: model\.(\w+)", str(error.value)).group(1)
+    assert named in variant
     assert not (tmp_path / "export").exists()
 
 
-def test_fine_tuning_gpt2_weights_refuses_another_architecture(tmp_path):
+def test_fine_tuning_refuses_a_run_that_sets_another_architecture_than_the_folder(tmp_path):
     cfg = build_config({"model": {"mlp": "swiglu"}, "train": {"init_from": str(tmp_path)}})
     gpt2 = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=1024, vocab_size=50257)
-    message = r"holds GPT-2 weights, but model.mlp=\"swiglu\" is not GPT-2's \"gelu\" .* set model.mlp=\"gelu\"\)$"
+    folder = Pretrained(FAMILY_BY_TYPE["gpt2"], gpt2, {}, tmp_path)
+    message = (
+        r"holds a gpt2 model with model.mlp=\"gelu\", but the run sets model.mlp=\"swiglu\" "
+        r".* set model.mlp=\"gelu\" or leave it out\)$"
+    )
     with pytest.raises(UserError, match=message):
-        with_gpt2_shape(cfg, gpt2, {"tokenizer": "gpt2"})
+        with_pretrained_shape(cfg, folder, {"tokenizer": "gpt2"})

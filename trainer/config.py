@@ -137,7 +137,7 @@ class TrainConfig:
     eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
     eval_iters: int = 200  # batches per split in each evaluation
     log_interval: int = 10  # steps between lines of metrics.jsonl
-    init_from: str = "scratch"  # "scratch" (new run), "resume" (continue out_dir's checkpoint) or a GPT-2 directory
+    init_from: str = "scratch"  # "scratch", "resume" (continue out_dir's checkpoint), a Hugging Face folder or hub id
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
 
@@ -148,7 +148,9 @@ class TrainConfig:
             raise ValueError(f"device={self.device!r} is not one of {DEVICES}")
         _check_choice(self, "dtype", DTYPES)
         if not self.init_from:
-            raise ValueError(f"init_from='' is not one of {', '.join(INIT_FROM)} or the path of a GPT-2 directory")
+            raise ValueError(
+                f"init_from='' is not one of {', '.join(INIT_FROM)} or a Hugging Face model folder or hub id"
+            )
         _check_choice(self, "parallelism", PARALLELISMS)
         for name in (
             "max_iters",

@@ -26,7 +26,6 @@ from lm_eval.api.registry import register_model
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from data.tokenizer import END_OF_TEXT, GPT2_RANKS_FILE
 from model import generate, left_pad
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import group_pairs, score_groups
@@ -156,22 +155,6 @@ def local_task_yaml(task: str, data_file: Path, definition: str | None = None) -
         f"dataset_kwargs:\n  data_files:\n    test: {data_file}\n"
         "test_split: test\nvalidation_split: null\ntraining_split: null\n"
     )
-
-
-def write_gpt2_tokenizer(directory: Path) -> None:
-    """GPT-2's tokenizer files (tokenizer.json and its config) in directory, made from the rank file
-    the project ships, so that transformers' and the harness's `hf` model read an exported GPT-2
-    folder offline."""
-    from tiktoken_ext.openai_public import r50k_pat_str
-    from transformers import PreTrainedTokenizerFast
-    from transformers.convert_slow_tokenizer import TikTokenConverter
-
-    ranks = sum(1 for _ in GPT2_RANKS_FILE.open("rb"))
-    converted = TikTokenConverter(
-        vocab_file=str(GPT2_RANKS_FILE), pattern=r50k_pat_str, extra_special_tokens={END_OF_TEXT: ranks}
-    ).converted()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=converted, eos_token=END_OF_TEXT, bos_token=END_OF_TEXT)
-    tokenizer.save_pretrained(str(directory))
 
 
 if __name__ == "__main__":

@@ -44,7 +44,7 @@ from trainer.metrics import (
 )
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
-from trainer.pretrained import crop_positions, load_gpt2, with_gpt2_shape
+from trainer.pretrained import crop_positions, is_hub_id, load_pretrained, with_pretrained_shape
 from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 
 STOP_POLL_SECONDS = 2.0  # under torchrun, how often the processes agree on a stop request (Ctrl-C, SIGTERM)
@@ -84,9 +84,10 @@ class Trainer:
         checkpoint = self._open_run_dir(train)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         pretrained = None
-        if train.init_from not in INIT_FROM:  # fine-tune the GPT-2 weights in that directory
-            gpt2_config, pretrained = load_gpt2(Path(train.init_from), key="train.init_from")
-            cfg = with_gpt2_shape(cfg, gpt2_config, self.dataset.meta)
+        if train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
+            folder = load_pretrained(train.init_from, key="train.init_from")
+            cfg = with_pretrained_shape(cfg, folder, self.dataset.meta)
+            pretrained = folder.state
         self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
         check_token_keys(
             cfg.model,
@@ -597,14 +598,14 @@ def _check_accumulation(train: TrainConfig, world_size: int) -> None:
 
 
 def _check_init_from(init_from: str) -> None:
-    """init_from is scratch, resume or a directory; a typo of scratch or resume is named as one."""
-    if init_from in INIT_FROM or Path(init_from).is_dir():
+    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one."""
+    if init_from in INIT_FROM or Path(init_from).is_dir() or is_hub_id(init_from):
         return
     close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UserError(
         f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
-        f"new run, resume to continue the run in train.out_dir, or the path of a Hugging Face GPT-2 directory{hint})"
+        f"new run, resume to continue the run in train.out_dir, or a Hugging Face model folder or hub id{hint})"
     )
 
 

@@ -1,111 +1,170 @@
-"""Hugging Face GPT-2 directories for training and sampling: load one to fine-tune or sample from,
-export a trained model to one. The file format itself is in model/hf_gpt2.py."""
+"""Hugging Face model folders for training and sampling: load one (or a hub id, through the
+Hugging Face cache) to fine-tune or sample from, export a trained model to one. Which family a
+model belongs to is model/families.py's table; the files are read and written by model/hf.py."""
 
 import dataclasses
 import json
 import pickle
-import struct
+import re
 from pathlib import Path
 
 import torch
 
 from data.files import atomic_open, check_writable_dir, make_dir
-from data.tokenizer import GPT2Tokenizer, Tokenizer
+from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
-from model.hf_gpt2 import gpt2_difference, hf_config, load_gpt2_dir, state_dict_to_hf, write_safetensors
+from model.families import Family, family_for, hf_config, tensors_to_hf
+from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from trainer.config import Config
 
-WEIGHTS_NAME = "model.safetensors"
-# the attention pattern keys and their plain causal values
-PATTERN_DEFAULTS = {
-    name: getattr(GPTConfig(), name)
-    for name in (
-        "attn_window",
-        "attn_sinks",
-        "attn_prefix_lm",
-        "attn_block",
-        "attn_documents",
-        "attn_document_positions",
-    )
-}
+TOKENIZER_NAME = "tokenizer.json"
+# what a hub download fetches: the files this project reads (not other formats' weights)
+HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+# switches that make a model compute something else: a run that sets one differently from the folder is refused
+KEPT_SWITCHES = ("pos_emb", "norm", "qk_norm", "mlp", "tie_embeddings", "logit_softcap")
+# what the folder decides of the model's shape, whatever the run's config says
+FOLDER_SHAPE = ("n_layer", "n_head", "n_embd", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "rope_base", "bias")
 
 
-def load_gpt2(path: Path, key: str) -> tuple[GPTConfig, dict[str, torch.Tensor]]:
-    """The config and weights of a GPT-2 directory; any problem is a UserError naming key and path."""
-    if not path.is_dir():
-        raise UserError(f"{key}={str(path)!r} is not a directory (give a Hugging Face GPT-2 directory)")
+@dataclasses.dataclass
+class Pretrained:
+    """A model read from a Hugging Face folder: its family, our config and state dict, the folder."""
+
+    family: Family
+    config: GPTConfig
+    state: dict[str, torch.Tensor]
+    directory: Path
+
+
+def is_hub_id(value: str) -> bool:
+    """owner/name that is not a path on this machine: a model on the Hugging Face hub."""
+    return bool(HUB_ID.match(value)) and not Path(value).exists()
+
+
+def resolve_folder(value: str, key: str) -> Path:
+    """The local folder of value: itself, or the Hugging Face cache's copy of a hub id (downloaded
+    there when it is not cached yet)."""
+    if Path(value).is_dir():
+        return Path(value)
+    if not is_hub_id(value):
+        raise UserError(
+            f"{key}={value!r} is not a directory (give a Hugging Face model folder, or a hub id owner/name)"
+        )
+    from huggingface_hub import snapshot_download  # only a hub id needs it
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, OfflineModeIsEnabled
+
     try:
-        config, state = load_gpt2_dir(path)
-    except (ValueError, OSError, pickle.UnpicklingError, struct.error, KeyError) as e:
-        raise UserError(f"{key}={str(path)!r} cannot be loaded: {e}") from None
-    _check_gpt2_vocabulary(config, path, key)
-    return config, state
-
-
-def _check_gpt2_vocabulary(config: GPTConfig, path: Path, key: str) -> None:
-    """A GPT-2 directory is read and written with GPT-2's BPE: its vocabulary holds those tokens, and
-    may be padded beyond them (50304 computes faster), as the extra ids are never sampled (sampling
-    draws among the tokenizer's ids) nor trained towards (no data holds them). A smaller vocabulary
-    belongs to another tokenizer."""
-    gpt2_tokens = GPT2Tokenizer().vocab_size
-    if config.vocab_size < gpt2_tokens:
+        return Path(snapshot_download(value, allow_patterns=HUB_FILES))
+    except (LocalEntryNotFoundError, OfflineModeIsEnabled, HfHubHTTPError, OSError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise UserError(
-            f"{key}={str(path)!r} holds a model of vocab_size={config.vocab_size} ({path / 'config.json'}), fewer "
-            f"than the {gpt2_tokens:,} tokens of GPT-2's BPE, the tokenizer of every GPT-2 directory here: it was "
-            f"trained with another tokenizer, which cannot be used (a GPT-2 vocabulary padded beyond "
-            f"{gpt2_tokens:,}, such as 50304, can)"
+            f"{key}={value!r} is not a folder here, and the hub model {value} cannot be downloaded ({reason}): "
+            f"download it (huggingface-cli download {value}) or pass a folder"
+        ) from None
+
+
+def load_pretrained(value: str, key: str) -> Pretrained:
+    """The model in a Hugging Face folder or hub id; any problem is a UserError naming key and file."""
+    directory = resolve_folder(value, key)
+    try:
+        family, config, state = load_dir(directory)
+    except (ValueError, OSError, pickle.UnpicklingError, KeyError) as e:
+        raise UserError(f"{key}={value!r} cannot be loaded: {e}") from None
+    return Pretrained(family, config, state, directory)
+
+
+def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
+    """The tokenizer of a folder: its tokenizer.json, or GPT-2's BPE for a GPT-2 folder without one."""
+    path = pretrained.directory / TOKENIZER_NAME
+    if path.is_file():
+        tokenizer = JsonTokenizer.from_file(path)
+    elif pretrained.family.model_type == "gpt2":
+        tokenizer = GPT2Tokenizer()
+    else:
+        raise UserError(
+            f"{key}={str(pretrained.directory)!r} has no {TOKENIZER_NAME}: a {pretrained.family.model_type} "
+            f"folder needs its tokenizer (copy it there from where the model came from)"
         )
+    # a vocabulary may be padded beyond the tokenizer's ids (GPT-2's 50304 computes faster): those rows
+    # are never sampled (sampling draws among the tokenizer's ids) nor trained towards (no text holds them)
+    if tokenizer.vocab_size > pretrained.config.vocab_size:
+        source = path if path.is_file() else "GPT-2's BPE, the tokenizer of a GPT-2 folder without tokenizer.json"
+        raise UserError(
+            f"{key}={str(pretrained.directory)!r} holds a model of vocab_size={pretrained.config.vocab_size} "
+            f"({pretrained.directory / 'config.json'}), fewer than the {tokenizer.vocab_size:,} tokens of its "
+            f"tokenizer ({source}): the tokenizer does not belong to these weights (a vocabulary padded beyond "
+            f"the tokenizer's, such as GPT-2's 50304, can be used)"
+        )
+    return tokenizer
 
 
-def model_from_gpt2_dir(path: Path, key: str) -> tuple[GPT, Tokenizer]:
-    """The GPT-2 model in a directory (on the CPU, in eval mode) and GPT-2's BPE tokenizer."""
-    config, state = load_gpt2(path, key)
-    model = GPT(config)
-    model.load_state_dict(state)
-    return model.eval(), GPT2Tokenizer()
+def same_ids(a: Tokenizer, b: Tokenizer) -> bool:
+    """Whether two tokenizers stand for the same ids: as many, each the same bytes (so a tokenizer.json
+    written from GPT-2's ranks is GPT-2's BPE). Two BPEs of one vocabulary and different merges would
+    pass; no tokenizer in practice is built so."""
+    return a.vocab_size == b.vocab_size and all(a.token_bytes(i) == b.token_bytes(i) for i in range(a.vocab_size))
 
 
-def with_gpt2_shape(cfg: Config, gpt2: GPTConfig, dataset_meta: dict) -> Config:
-    """The run's config for fine-tuning the GPT-2 weights in train.init_from.
+def model_from_pretrained(value: str, key: str) -> tuple[GPT, Tokenizer, Path]:
+    """The model in a folder or hub id (on the CPU, in eval mode), its tokenizer and its folder."""
+    pretrained = load_pretrained(value, key)
+    tokenizer = folder_tokenizer(pretrained, key)
+    model = GPT(pretrained.config)
+    model.load_state_dict(pretrained.state)
+    return model.eval(), tokenizer, pretrained.directory
 
-    The model's shape (n_layer, n_head, n_embd, vocab_size, bias) is the directory's; model.block_size
-    may shorten its context (the position table is cropped); model.dropout is the run's own.
+
+def with_pretrained_shape(cfg: Config, pretrained: Pretrained, dataset_meta: dict) -> Config:
+    """The run's config for fine-tuning the weights in train.init_from.
+
+    The architecture and shape are the folder's; model.block_size may shorten its context (a learned
+    position table is cropped); model.dropout and the attention pattern are the run's own.
     """
-    source = cfg.train.init_from
-    if dataset_meta["tokenizer"] != "gpt2":
+    source, folder = cfg.train.init_from, pretrained.config
+    tokenizer = folder_tokenizer(pretrained, "train.init_from")
+    if not same_ids(tokenizer, tokenizer_from_meta(dataset_meta)):
+        made_with = TOKENIZER_NAME if isinstance(tokenizer, JsonTokenizer) else "GPT-2 BPE"
+        prepare = pretrained.directory / TOKENIZER_NAME if made_with == TOKENIZER_NAME else "gpt2"
         raise UserError(
-            f"train.init_from={source!r} holds GPT-2 weights, which read GPT-2 BPE tokens, but "
-            f"data.dataset={cfg.data.dataset!r} was prepared with the {dataset_meta['tokenizer']!r} tokenizer "
-            f"(use a GPT-2 BPE dataset: the bundled 'shakespeare', or python data/prepare.py --tokenizer gpt2)"
+            f"train.init_from={source!r} holds a model that reads the ids of its {made_with}, but "
+            f"data.dataset={cfg.data.dataset!r} was prepared with another tokenizer ({dataset_meta['tokenizer']!r}) "
+            f"(prepare the text with python data/prepare.py --tokenizer {prepare})"
         )
-    if cfg.model.block_size > gpt2.block_size:
+    if cfg.model.block_size > folder.block_size:
         raise UserError(
-            f"model.block_size={cfg.model.block_size} is longer than the {gpt2.block_size} positions of the "
-            f"GPT-2 weights in train.init_from={source!r} (use at most {gpt2.block_size})"
+            f"model.block_size={cfg.model.block_size} is longer than the {folder.block_size} positions of the "
+            f"model in train.init_from={source!r} (use at most {folder.block_size})"
         )
-    _require_gpt2_architecture(
-        cfg.model, f"train.init_from={source!r} holds GPT-2 weights", "fine-tuning keeps GPT-2's architecture"
-    )
-    shape = {name: getattr(gpt2, name) for name in ("n_layer", "n_head", "n_embd", "vocab_size", "bias")}
+    default = GPTConfig()
+    for key in KEPT_SWITCHES:
+        run, theirs = getattr(cfg.model, key), getattr(folder, key)
+        if run != getattr(default, key) and run != theirs:
+            raise UserError(
+                f"train.init_from={source!r} holds a {pretrained.family.model_type} model with model.{key}="
+                f"{json.dumps(theirs)}, but the run sets model.{key}={json.dumps(run)} (fine-tuning keeps the "
+                f"folder's architecture: set model.{key}={json.dumps(theirs)} or leave it out)"
+            )
+    shape = {name: getattr(folder, name) for name in (*FOLDER_SHAPE, *KEPT_SWITCHES)}
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
 
 
 def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
-    """The weights with the position table cut to the first block_size positions."""
+    """The weights with a learned position table cut to the first block_size positions."""
+    if "transformer.wpe.weight" not in state:
+        return state
     return state | {"transformer.wpe.weight": state["transformer.wpe.weight"][:block_size]}
 
 
-def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
-    """Write config.json and model.safetensors that transformers' GPT2LMHeadModel.from_pretrained
-    loads. The weights keep their dtype; a model trained without biases gets zero biases."""
-    patterned = [key for key, plain in PATTERN_DEFAULTS.items() if getattr(model.config, key) != plain]
-    if patterned:
-        key = patterned[0]
-        raise UserError(
-            f"--export writes a GPT-2 directory, whose attention is plain causal, but this model was trained with "
-            f"model.{key}={str(getattr(model.config, key)).lower()} (only models without an attention pattern export)"
-        )
+def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
+    """Write the Hugging Face folder of the family that computes model: config.json,
+    model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json, which
+    transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the family."""
+    try:
+        family = family_for(model.config)
+    except ValueError as e:
+        raise UserError(f"--export cannot write this model: {e}") from None
     check_writable_dir(directory, "--export")
     held = _model_files(directory)
     if held:
@@ -113,37 +172,37 @@ def export_gpt2(model: GPT, tokenizer: Tokenizer, directory: Path) -> None:
             f"--export={str(directory)!r} already holds a model ({', '.join(held)}), which the export would "
             f"replace: export into a new or empty directory"
         )
-    _require_gpt2_architecture(
-        model.config, "--export writes a GPT-2 model", "only a model with GPT-2's architecture can be exported"
-    )
-    if tokenizer.name != "gpt2":
-        raise UserError(
-            f"--export writes a GPT-2 directory, whose readers use GPT-2 BPE, but this model reads "
-            f"{tokenizer.name!r} tokens (export a model trained on a GPT-2 BPE dataset)"
-        )
     make_dir(directory)
-    config = hf_config(model.config, tokenizer.eot_token)
+    config = hf_config(model.config, family, tokenizer.eot_token)
     config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
-    with atomic_open(directory / WEIGHTS_NAME) as f:
-        write_safetensors(state_dict_to_hf(model), f, metadata={"format": "pt"})
-    with atomic_open(directory / "config.json") as f:
-        f.write((json.dumps(config, indent=2) + "\n").encode("utf-8"))
+    tensors = tensors_to_hf(model.state_dict(), model.config, family)
+    with atomic_open(directory / SAFETENSORS_NAME) as f:
+        write_safetensors(tensors, f, metadata={"format": "pt"})
+    files = {
+        TOKENIZER_NAME: tokenizer.to_json(),
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
+        "config.json": json.dumps(config, indent=2) + "\n",  # last: a folder with a config.json is complete
+    }
+    for name, text in files.items():
+        with atomic_open(directory / name) as f:
+            f.write(text.encode("utf-8"))
+    return family
+
+
+def tokenizer_config(tokenizer: Tokenizer) -> dict:
+    """tokenizer_config.json: the plain fast tokenizer over tokenizer.json, which adds no token of its
+    own and leaves decoded spaces as they are, so that decoding gives exactly what sample.py prints."""
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    if tokenizer.eot_token is not None:
+        eot = tokenizer.decode([tokenizer.eot_token]) if isinstance(tokenizer, JsonTokenizer) else END_OF_TEXT
+        config |= {"eos_token": eot, "bos_token": eot}
+    return config
 
 
 def _model_files(directory: Path) -> list[str]:
-    """The files of a Hugging Face model in directory: its config and weights, in any format."""
+    """The files of a Hugging Face model in directory: its config, weights and tokenizer."""
     if not directory.is_dir():
         return []
     weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
-    return sorted(p.name for p in directory.iterdir() if p.name == "config.json" or p.name.endswith(weights))
-
-
-def _require_gpt2_architecture(config: GPTConfig, context: str, reason: str) -> None:
-    """One line naming the first architecture key in which config is not GPT-2, if any."""
-    difference = gpt2_difference(config)
-    if difference is not None:
-        key, value, gpt2 = difference
-        raise UserError(
-            f"{context}, but model.{key}={json.dumps(value)} is not GPT-2's {json.dumps(gpt2)} ({reason}: "
-            f"set model.{key}={json.dumps(gpt2)})"
-        )
+    names = ("config.json", TOKENIZER_NAME)
+    return sorted(p.name for p in directory.iterdir() if p.name in names or p.name.endswith(weights))

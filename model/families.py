@@ -1,0 +1,657 @@
+"""Hugging Face model families as data: which of our switches each computes, and how its
+config.json keys and tensor names map to GPTConfig and our parameters.
+
+FAMILIES is the one table. Export picks the first family that computes every switch of a model;
+import reads a folder's model_type; both, the refusals and the docs' family table read FAMILIES
+and nothing else. A tensor mapping that needs arithmetic names one of the CONVERSIONS, each a pair
+of small functions that undo each other bit for bit:
+
+    fused q/k/v:   our c_attn holds the rows of q_proj, k_proj and v_proj one after the other
+    gate/up:       our SwiGLU c_fc holds gate_proj's rows, then up_proj's
+    per head:      StableLM keeps one QK LayerNorm per head; ours is one shared by all heads
+    Conv1D:        GPT-2 stores its Linear weights transposed, (in, out)
+
+RoPE needs no conversion: our Rotary pairs feature i with i + head_dim/2, as transformers'
+rotate_half does, with the same angles position * base^(-2i/head_dim).
+
+Problems raise ValueError naming the key or tensor and what would be accepted.
+"""
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .gpt import GPTConfig
+
+ANY = None  # a switch a family computes at every value
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """How one of our tensors becomes a family's tensors (a list: one, or a split) and back."""
+
+    to_theirs: Callable[[torch.Tensor, GPTConfig, int], list[torch.Tensor]]
+    to_ours: Callable[[list[torch.Tensor], GPTConfig], torch.Tensor]
+
+
+def split_qkv(tensor: torch.Tensor, config: GPTConfig, count: int = 3) -> list[torch.Tensor]:
+    """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,) -> q, k and v rows."""
+    kv_dim = config.kv_heads * config.head_dim
+    return list(tensor.split([config.n_embd, kv_dim, kv_dim], dim=0))
+
+
+def split_gate_up(tensor: torch.Tensor, config: GPTConfig, count: int = 2) -> list[torch.Tensor]:
+    """SwiGLU's c_fc (2 * hidden, C) or its bias -> gate_proj's rows, up_proj's rows."""
+    return list(tensor.split(config.mlp_hidden, dim=0))
+
+
+def fuse_rows(tensors: list[torch.Tensor], config: GPTConfig) -> torch.Tensor:
+    """The inverse of split_qkv and split_gate_up: the rows one after the other."""
+    return torch.cat(tensors, dim=0)
+
+
+def copy_per_head(tensor: torch.Tensor, config: GPTConfig, count: int) -> list[torch.Tensor]:
+    """One (head_dim,) norm weight shared by all heads -> a copy for each of count heads."""
+    return [tensor.clone() for _ in range(count)]
+
+
+def shared_by_heads(tensors: list[torch.Tensor], config: GPTConfig) -> torch.Tensor:
+    """Per-head norm weights -> the one weight they all equal; heads that differ cannot be shared."""
+    if any(not torch.equal(tensor, tensors[0]) for tensor in tensors[1:]):
+        raise ValueError("its heads have norm weights that differ, where this model shares one among all heads")
+    return tensors[0]
+
+
+def transpose(tensor: torch.Tensor, config: GPTConfig, count: int = 1) -> list[torch.Tensor]:
+    return [tensor.t()]
+
+
+def same(tensor: torch.Tensor, config: GPTConfig, count: int = 1) -> list[torch.Tensor]:
+    return [tensor]
+
+
+CONVERSIONS = {
+    "same": Conversion(same, lambda tensors, config: tensors[0]),
+    "conv1d": Conversion(transpose, lambda tensors, config: tensors[0].t()),
+    "fused_qkv": Conversion(split_qkv, fuse_rows),
+    "fused_gate_up": Conversion(split_gate_up, fuse_rows),
+    "per_head": Conversion(copy_per_head, shared_by_heads),
+}
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One of our tensors and the family's tensors it is made of. {i} stands for each block,
+    {h} for each head (of `heads`: "n_head" or "kv_heads")."""
+
+    ours: str
+    theirs: tuple[str, ...]
+    convert: str = "same"
+    when: str = ""  # "bias", "qk_norm" or "untied": the switch that gives us this tensor; "" always
+    zero_when_off: bool = False  # the family always has it: zeros stand for our missing bias
+    heads: str = ""
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str
+    architecture: str  # the transformers class AutoModelForCausalLM builds
+    computes: dict[str, tuple | None]  # switch -> the values the family computes (ANY: all)
+    keys: dict[str, str | tuple[str, ...]]  # our setting -> their config.json key (a tuple: keys that must agree)
+    defaults: dict[str, object]  # their keys' values when config.json leaves them out; absent here: required
+    fixed: dict[str, object]  # their keys that must hold this value to compute what we compute
+    weights: tuple[Weight, ...]
+    skipped: tuple[str, ...] = ()  # their tensors that are constants, not weights (GPT-2's stored causal mask)
+    optional_prefix: str = ""  # a prefix some of their files leave off the tensor names
+    ignored: tuple[str, ...] = ()  # their keys that compute nothing once `fixed` holds (Qwen3's unused window)
+
+
+# our settings a family's config.json carries; see resolved()
+SETTINGS = (
+    "n_layer", "n_head", "kv_heads", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden", "norm_eps",
+    "rope_base", "tie_embeddings", "bias", "qk_norm", "attn_window",
+)  # fmt: skip
+# the switches that decide the family, with the model's value read by switches()
+SWITCHES = (
+    "pos_emb", "norm", "qk_norm", "mlp", "grouped_query", "tie_embeddings", "bias", "logit_softcap",
+    "attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents", "attn_document_positions",
+)  # fmt: skip
+PLAIN = {"logit_softcap": (0.0,), "attn_sinks": (0,), "attn_prefix_lm": (False,), "attn_block": (0,)}
+PLAIN |= {"attn_documents": (False,), "attn_document_positions": (False,)}
+# config.json keys that describe the file, not the computation, or only training (dropout)
+TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json keys that name a token, when set
+HARMLESS = {
+    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
+    "pad_token_id", "initializer_range", "use_cache", "_name_or_path", "output_attentions", "output_hidden_states",
+    "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type",
+    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "n_ctx",
+    "is_llama_config", "max_window_layers", "task_specific_params", "reorder_and_upcast_attn",
+}  # fmt: skip
+
+
+def _gpt2_weights() -> tuple[Weight, ...]:
+    block = "transformer.h.{i}."
+    weights = [Weight("transformer.wte.weight", ("transformer.wte.weight",))]
+    weights.append(Weight("transformer.wpe.weight", ("transformer.wpe.weight",)))
+    for name in ("ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+        convert = "same" if name.startswith("ln") else "conv1d"
+        weights.append(Weight(block + name + ".weight", (block + name + ".weight",), convert))
+        weights.append(Weight(block + name + ".bias", (block + name + ".bias",), when="bias", zero_when_off=True))
+    weights.append(Weight("transformer.ln_f.weight", ("transformer.ln_f.weight",)))
+    weights.append(Weight("transformer.ln_f.bias", ("transformer.ln_f.bias",), when="bias", zero_when_off=True))
+    return tuple(weights)
+
+
+def _llama_weights(
+    norm_bias: bool = False, linear_bias: bool = False, mlp_bias: bool = False, qk_norm: tuple[str, str] | None = None
+) -> tuple[Weight, ...]:
+    """The tensors of the Llama layout. norm_bias: LayerNorms that always have a bias (StableLM);
+    linear_bias, mlp_bias: the attention's and the MLP's biases follow our bias; qk_norm: the names
+    of the query and key norms ({h}: a norm per head)."""
+    layer, attn, mlp = "model.layers.{i}.", "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
+    ours = "transformer.h.{i}."
+    qkv = tuple(attn + f"{x}_proj" for x in "qkv")
+
+    def norm(our: str, their: str) -> list[Weight]:
+        weights = [Weight(our + ".weight", (their + ".weight",))]
+        if norm_bias:
+            weights.append(Weight(our + ".bias", (their + ".bias",), when="bias", zero_when_off=True))
+        return weights
+
+    weights = [
+        Weight("transformer.wte.weight", ("model.embed_tokens.weight",)),
+        *norm(ours + "ln_1", layer + "input_layernorm"),
+    ]
+    weights.append(Weight(ours + "attn.c_attn.weight", tuple(p + ".weight" for p in qkv), "fused_qkv"))
+    weights.append(Weight(ours + "attn.c_proj.weight", (attn + "o_proj.weight",)))
+    if linear_bias:
+        weights.append(Weight(ours + "attn.c_attn.bias", tuple(p + ".bias" for p in qkv), "fused_qkv", when="bias"))
+        weights.append(Weight(ours + "attn.c_proj.bias", (attn + "o_proj.bias",), when="bias"))
+    if qk_norm:
+        for our, their, heads in (("q_norm", qk_norm[0], "n_head"), ("k_norm", qk_norm[1], "kv_heads")):
+            convert = "per_head" if "{h}" in their else "same"
+            weights.append(Weight(ours + f"attn.{our}.weight", (attn + their,), convert, when="qk_norm", heads=heads))
+    weights += norm(ours + "ln_2", layer + "post_attention_layernorm")
+    weights.append(
+        Weight(ours + "mlp.c_fc.weight", (mlp + "gate_proj.weight", mlp + "up_proj.weight"), "fused_gate_up")
+    )
+    weights.append(Weight(ours + "mlp.c_proj.weight", (mlp + "down_proj.weight",)))
+    if mlp_bias:
+        gate_up = (mlp + "gate_proj.bias", mlp + "up_proj.bias")
+        weights.append(Weight(ours + "mlp.c_fc.bias", gate_up, "fused_gate_up", when="bias"))
+        weights.append(Weight(ours + "mlp.c_proj.bias", (mlp + "down_proj.bias",), when="bias"))
+    weights += norm("transformer.ln_f", "model.norm")
+    weights.append(Weight("lm_head.weight", ("lm_head.weight",), when="untied"))
+    return tuple(weights)
+
+
+# the switches every Llama-shaped family computes the same way
+_ROPE_SWIGLU = {"pos_emb": ("rope",), "mlp": ("swiglu",), "grouped_query": ANY, "tie_embeddings": ANY}
+_LLAMA_KEYS = {
+    "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "kv_heads": "num_key_value_heads",
+    "head_dim": "head_dim",
+    "n_embd": "hidden_size", "block_size": "max_position_embeddings", "vocab_size": "vocab_size",
+    "mlp_hidden": "intermediate_size", "rope_base": "rope_theta", "tie_embeddings": "tie_word_embeddings",
+}  # fmt: skip
+_LLAMA_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "hidden_act": "silu", "rope_type": "default"}
+_LLAMA_FIXED = {"hidden_act": "silu", "rope_type": "default", "rope_scaling": None}
+
+FAMILIES = (
+    Family(
+        model_type="gpt2",
+        architecture="GPT2LMHeadModel",
+        computes={"pos_emb": ("learned",), "norm": ("layernorm",), "qk_norm": (False,), "mlp": ("gelu",),
+                  "grouped_query": (False,), "tie_embeddings": (True,), "bias": ANY, "attn_window": (0,), **PLAIN},
+        keys={"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions",
+              "vocab_size": "vocab_size", "mlp_hidden": "n_inner", "norm_eps": "layer_norm_epsilon"},
+        # GPT-2 124M's sizes where config.json leaves one out, as transformers' GPT2Config
+        defaults={"n_layer": 12, "n_head": 12, "n_embd": 768, "n_positions": 1024, "vocab_size": 50257,
+                  "n_inner": None, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
+                  "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
+                  "tie_word_embeddings": True},
+        fixed={"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "scale_attn_weights": True,
+               "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False, "tie_word_embeddings": True},
+        weights=_gpt2_weights(),
+        skipped=("transformer.h.{i}.attn.bias", "transformer.h.{i}.attn.masked_bias"),
+        optional_prefix="transformer.",
+    ),
+    Family(
+        model_type="llama",
+        architecture="LlamaForCausalLM",
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "bias": ANY, "attn_window": (0,), **PLAIN},
+        keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "bias": ("attention_bias", "mlp_bias")},
+        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "mlp_bias": False,
+                  "pretraining_tp": 1, "rope_interleaved": False},
+        fixed={**_LLAMA_FIXED, "pretraining_tp": 1, "rope_interleaved": False},
+        weights=_llama_weights(linear_bias=True, mlp_bias=True),
+    ),
+    Family(
+        model_type="qwen3",
+        architecture="Qwen3ForCausalLM",
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "bias": (False,), "attn_window": (0,),
+                  **PLAIN},
+        keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps"},
+        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False},
+        fixed={**_LLAMA_FIXED, "attention_bias": False, "use_sliding_window": False},
+        weights=_llama_weights(qk_norm=("q_norm.weight", "k_norm.weight")),
+        ignored=("sliding_window",),
+    ),
+    Family(
+        model_type="stablelm",
+        architecture="StableLmForCausalLM",
+        computes={**_ROPE_SWIGLU, "norm": ("layernorm",), "qk_norm": ANY, "bias": (False,), "attn_window": (0,),
+                  **PLAIN},
+        keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "head_dim"}, "norm_eps": "layer_norm_eps",
+              "qk_norm": "qk_layernorm"},
+        defaults={**_LLAMA_DEFAULTS, "layer_norm_eps": 1e-5, "use_qkv_bias": False, "qk_layernorm": False,
+                  "use_parallel_residual": False, "partial_rotary_factor": 0.25},
+        fixed={**_LLAMA_FIXED, "use_qkv_bias": False, "use_parallel_residual": False, "partial_rotary_factor": 1.0},
+        weights=_llama_weights(
+            norm_bias=True, qk_norm=("q_layernorm.norms.{h}.weight", "k_layernorm.norms.{h}.weight")
+        ),
+    ),
+    Family(
+        model_type="mistral",
+        architecture="MistralForCausalLM",
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "bias": (False,), "attn_window": ANY,
+                  **PLAIN},
+        keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "attn_window": "sliding_window"},
+        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "sliding_window": None},
+        fixed=_LLAMA_FIXED,
+        weights=_llama_weights(),
+    ),
+)  # fmt: skip
+FAMILY_BY_TYPE = {family.model_type: family for family in FAMILIES}
+
+
+def switches(config: GPTConfig) -> dict[str, object]:
+    """The values of SWITCHES for a model: what decides which family computes it."""
+    values = {name: getattr(config, name) for name in SWITCHES if name != "grouped_query"}
+    return values | {"grouped_query": config.kv_heads < config.n_head}
+
+
+def resolved(config: GPTConfig) -> dict[str, object]:
+    """The values of SETTINGS for a model, with defaults resolved (n_kv_head 0 is n_head, ...)."""
+    return {name: getattr(config, name) for name in SETTINGS}
+
+
+def _accepts(family: Family, switch: str, value: object) -> bool:
+    accepted = family.computes.get(switch)
+    if switch == "attn_window" and accepted is ANY:
+        return value > 0  # a window family with no window is the plain family listed before it
+    return accepted is ANY or value in accepted
+
+
+def _setting(switch: str, value: object) -> str:
+    """How a switch's value reads in a config: model.qk_norm=true."""
+    if switch == "grouped_query":
+        return "model.n_kv_head (fewer key/value heads than query heads)" if value else "model.n_kv_head=0"
+    shown = str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else value
+    return f"model.{switch}={shown}"
+
+
+def family_for(config: GPTConfig) -> Family:
+    """The first family that computes every switch of config. None computes it: a ValueError naming
+    the switch (one no family computes, or the nearest family's first difference) and what would export."""
+    values = switches(config)
+    for family in FAMILIES:
+        if all(_accepts(family, switch, value) for switch, value in values.items()):
+            return family
+    for switch, value in values.items():
+        if not any(_accepts(family, switch, value) for family in FAMILIES):
+            accepted = sorted({str(v) for f in FAMILIES for v in (f.computes[switch] or ())})
+            return_to = (
+                f"model.{switch}={accepted[0].lower()}" if len(accepted) == 1 else f"one of {', '.join(accepted)}"
+            )
+            raise ValueError(
+                f"{_setting(switch, value)} is computed by no Hugging Face family ({', '.join(FAMILY_BY_TYPE)}): "
+                f"only a model with {return_to} exports"
+            )
+    misses = {f.model_type: [s for s, v in values.items() if not _accepts(f, s, v)] for f in FAMILIES}
+    nearest = min(FAMILIES, key=lambda f: len(misses[f.model_type]))
+    switch = misses[nearest.model_type][0]
+    accepted = nearest.computes[switch]
+    need = _setting(switch, accepted[0]) if accepted else f"model.{switch} > 0"
+    raise ValueError(
+        f"{_setting(switch, values[switch])} with this model's other switches is computed by no Hugging Face family: "
+        f"the nearest, {nearest.model_type}, needs {need}"
+        + (f" and {len(misses[nearest.model_type]) - 1} more change(s)" if len(misses[nearest.model_type]) > 1 else "")
+    )
+
+
+def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> dict:
+    """config.json for the family's transformers class, computing what config computes."""
+    hf: dict[str, object] = {"model_type": family.model_type, "architectures": [family.architecture]}
+    values = resolved(config)
+    rope = {"rope_type": "default"}
+    for setting, keys in family.keys.items():
+        for key in keys if isinstance(keys, tuple) else (keys,):
+            value = values[setting] if setting != "attn_window" else values[setting] or None
+            if key == "rope_theta":
+                rope[key] = value
+            else:
+                hf[key] = value
+    for key, value in family.fixed.items():
+        value = value[0] if isinstance(value, tuple) else value
+        if key in ("rope_type", "partial_rotary_factor"):
+            rope[key] = value
+        elif value is not None:
+            hf[key] = value
+    if config.pos_emb == "rope":
+        hf["rope_parameters"] = rope
+        hf["rope_theta"] = rope["rope_theta"]  # where readers older than transformers 5 look
+    if eos_token_id is not None:
+        hf["bos_token_id"] = hf["eos_token_id"] = eos_token_id
+    return hf
+
+
+_ROPE_CONTAINERS = ("rope_parameters", "rope_scaling")  # where transformers 5 (and older files) keep RoPE's keys
+_SIZES = ("n_layer", "n_head", "kv_heads", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden")
+
+
+def _flat(hf: dict) -> dict[str, tuple[str, object]]:
+    """config.json's keys, each with the name to quote it by: the keys of rope_parameters (and of an
+    older file's rope_scaling) stand beside the others, so that rope_type and partial_rotary_factor
+    are checked wherever they are written; where the two disagree, rope_scaling's value is the one
+    checked (refused unless it is what we compute)."""
+    flat = {key: (key, value) for key, value in hf.items() if key not in _ROPE_CONTAINERS}
+    for container in _ROPE_CONTAINERS:
+        nested = hf.get(container)
+        if nested is None:
+            continue
+        if not isinstance(nested, dict):
+            flat[container] = (container, nested)
+            continue
+        for key, value in nested.items():
+            if key not in flat or flat[key][1] != value:
+                flat[key] = (f"{container}.{key}", value)
+    return flat
+
+
+def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
+    """The family and our config of a config.json (dropout 0: the caller sets its own). A key the
+    family would compute differently from us is a ValueError naming it, never dropped."""
+    model_type = hf.get("model_type")
+    family = FAMILY_BY_TYPE.get(model_type) if isinstance(model_type, str) else None
+    if family is None:
+        raise ValueError(
+            f"{source} has model_type={model_type!r}, a family this model cannot compute "
+            f"(it reads {', '.join(FAMILY_BY_TYPE)})"
+        )
+    flat = _flat(hf)
+    for key, required in family.fixed.items():
+        name, value = flat.get(key, (key, family.defaults.get(key, required)))
+        allowed = required if isinstance(required, tuple) else (required,)
+        if value not in allowed:
+            wanted = " or ".join(repr(v) for v in allowed)
+            said = f"sets {name}={value!r}" if key in flat else f"leaves {key} out, which means {value!r}"
+            raise ValueError(f"{source} {said}; this model computes only {wanted}")
+    mapped = {key for keys in family.keys.values() for key in (keys if isinstance(keys, tuple) else (keys,))}
+    for key, (name, value) in flat.items():
+        known = key in HARMLESS or key in family.ignored or key in mapped or key in family.fixed or key == "layer_types"
+        if not known:
+            raise ValueError(
+                f"{source} sets {name}={value!r}, a key this model cannot compute (it is none of the "
+                f"{family.model_type} keys in docs/models.md): a model that needs it cannot be imported"
+            )
+    values = _settings(family, flat, source)
+    _check_token_ids(flat, values["vocab_size"], source)
+    layer_types = flat.get("layer_types", ("layer_types", None))[1]
+    if layer_types is not None and set(layer_types) != {"full_attention"}:
+        raise ValueError(
+            f"{source} sets layer_types with {sorted(set(layer_types))}; this model computes only full_attention"
+        )
+    computed = {s: family.computes[s][0] for s in ("pos_emb", "norm", "mlp") if family.computes[s] is not ANY}
+    qk_norm = values.get("qk_norm", family.computes["qk_norm"] and family.computes["qk_norm"][0])
+    config = GPTConfig(
+        n_layer=values["n_layer"],
+        n_head=values["n_head"],
+        n_embd=values["n_embd"],
+        block_size=values["block_size"],
+        vocab_size=values["vocab_size"],
+        dropout=0.0,
+        bias=values.get("bias", True if family.computes["bias"] is ANY else family.computes["bias"][0]),
+        **computed,
+        rope_base=float(values.get("rope_base", GPTConfig.rope_base)),
+        norm_eps=float(values["norm_eps"]),
+        qk_norm=bool(qk_norm),
+        n_kv_head=0 if values["kv_heads"] == values["n_head"] else values["kv_heads"],
+        tie_embeddings=values.get("tie_embeddings", True),
+        attn_window=values.get("attn_window") or 0,
+    )
+    if values["mlp_hidden"] != config.mlp_hidden:
+        config.mlp_width = values["mlp_hidden"]
+    return family, config
+
+
+def _check_token_ids(flat: dict[str, tuple[str, object]], vocab_size: int, source: str) -> None:
+    """The keys that name a token, when set, name tokens of the vocabulary: one id, or a list of them
+    (newer configs end text at any of several)."""
+    for key in TOKEN_KEYS:
+        name, value = flat.get(key, (key, None))
+        ids = value if isinstance(value, list) else [value]
+        if value is not None and not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids
+        ):
+            raise ValueError(
+                f"{source} sets {name}={value!r}, which is not a token id below its vocab_size={vocab_size}"
+            )
+
+
+def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) -> dict[str, object]:
+    """Our settings from their keys (or the family's defaults), checked for type; sizes that are
+    left out and follow from others (key/value heads, head width, MLP width) are derived."""
+    values = {}
+    for setting, keys in family.keys.items():
+        found = []
+        for key in keys if isinstance(keys, tuple) else (keys,):
+            if key in flat:
+                found.append(flat[key])
+            elif key in family.defaults:
+                found.append((key, family.defaults[key]))
+            elif setting in ("kv_heads", "head_dim", "mlp_hidden"):
+                found.append((key, None))
+            else:
+                raise ValueError(f"{source} lacks {key}: it is not a complete {family.model_type} config.json")
+        if any(value != found[0][1] for _, value in found[1:]):
+            shown = " and ".join(f"{name}={value!r}" for name, value in found)
+            raise ValueError(f"{source} sets {shown}; this model has biases everywhere or nowhere (set them equal)")
+        values[setting] = found[0][1]
+        _check_type(setting, *found[0], source)
+    values["kv_heads"] = values.get("kv_heads") or values["n_head"]
+    if (
+        values.get("head_dim") not in (None, values["n_embd"] // values["n_head"])
+        or values["n_embd"] % values["n_head"]
+    ):
+        key = family.keys.get("head_dim", "head_dim")
+        raise ValueError(
+            f"{source} sets {key}={values.get('head_dim')!r} with hidden size {values['n_embd']} and "
+            f"{values['n_head']} heads; this model's heads are hidden size / heads wide"
+        )
+    if values.get("mlp_hidden") is None:
+        values["mlp_hidden"] = 4 * values["n_embd"]  # GPT-2's n_inner: null
+    return values
+
+
+def _check_type(setting: str, key: str, value: object, source: str) -> None:
+    if value is None and setting in ("kv_heads", "head_dim", "mlp_hidden", "attn_window"):
+        return
+    if setting in _SIZES or setting == "attn_window":
+        ok, wanted = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
+    elif setting in ("tie_embeddings", "bias", "qk_norm"):
+        ok, wanted = isinstance(value, bool), "true or false"
+    else:  # norm_eps, rope_base
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        wanted = "a positive number"
+    if not ok:
+        raise ValueError(f"{source} sets {key}={value!r}, which is not {wanted}")
+
+
+def _present(weight: Weight, config: GPTConfig) -> bool:
+    """Whether GPT(config) has this tensor."""
+    return {"": True, "bias": config.bias, "qk_norm": config.qk_norm, "untied": not config.tie_embeddings}[weight.when]
+
+
+def _expand(weight: Weight, config: GPTConfig) -> list[tuple[str, list[str], int]]:
+    """Each block's (our name, their names, heads) of one table row."""
+    layers = range(config.n_layer) if "{i}" in weight.ours else [0]
+    heads = getattr(config, weight.heads) if weight.heads else 1
+    rows = []
+    for i in layers:
+        theirs = [name.format(i=i, h=h) for name in weight.theirs for h in (range(heads) if "{h}" in name else [0])]
+        rows.append((weight.ours.format(i=i), theirs, heads))
+    return rows
+
+
+def tensors_to_hf(state: dict[str, torch.Tensor], config: GPTConfig, family: Family) -> dict[str, torch.Tensor]:
+    """The family's tensors for our state dict, by the table; a bias the family always has and we
+    lack is written as zeros (which computes what no bias computes)."""
+    tensors = {}
+    shapes = _shapes(config, bias=True)
+    for weight, present, ours, theirs, heads in _rows(family, config):
+        if present:
+            parts = CONVERSIONS[weight.convert].to_theirs(state[ours], config, heads)
+        else:
+            parts = [torch.zeros(shapes[ours], dtype=state["transformer.wte.weight"].dtype)]
+        tensors |= {name: part.contiguous() for name, part in zip(theirs, parts, strict=True)}
+    return tensors
+
+
+def _rows(family: Family, config: GPTConfig):
+    """(table row, whether our model has the tensor, our name, their names, heads) for every tensor
+    of the family's folder for config: ours, and the zero biases it always has."""
+    for weight in family.weights:
+        present = _present(weight, config)
+        if present or weight.zero_when_off:
+            for ours, theirs, heads in _expand(weight, config):
+                yield weight, present, ours, theirs, heads
+
+
+def state_dict_from_hf(
+    hf_tensors: dict[str, torch.Tensor], config: GPTConfig, family: Family, source: str
+) -> dict[str, torch.Tensor]:
+    """Our state dict from the family's tensors, checking each is there with its shape and finite;
+    a tensor the table does not name is an error, never dropped."""
+    tensors = normalise_names(hf_tensors, family)
+    _check_embedding(tensors, config, family, source)
+    shapes = _shapes(config, bias=True)
+    state = {}
+    for weight, present, ours, theirs, _ in _rows(family, config):
+        parts = []
+        for name in theirs:
+            if name not in tensors:
+                raise ValueError(
+                    f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint"
+                )
+            parts.append(tensors.pop(name))
+        try:
+            tensor = CONVERSIONS[weight.convert].to_ours(parts, config)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"{source}: {theirs[0]} cannot be read ({e})") from None
+        if tuple(tensor.shape) != shapes[ours]:
+            raise ValueError(
+                f"{source}: {theirs[0]} has shape {tuple(parts[0].shape)} but config.json implies another "
+                f"(the weights do not belong to this config)"
+            )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(
+                f"{source}: {theirs[0]} holds NaN or infinite values (a damaged copy: fetch the model again)"
+            )
+        if not present and tensor.count_nonzero():
+            raise ValueError(f"{source}: {theirs[0]} is not zero, and this {family.model_type} model has no biases")
+        if present:
+            state[ours] = tensor.contiguous()
+    _check_leftovers(tensors, state, config, family, source)
+    if config.tie_embeddings:
+        state["lm_head.weight"] = state["transformer.wte.weight"]
+    return state
+
+
+def _check_leftovers(
+    tensors: dict[str, torch.Tensor], state: dict[str, torch.Tensor], config: GPTConfig, family: Family, source: str
+) -> None:
+    """Tensors the table does not read: GPT-2's stored mask and a copy of a tied head pass, the rest is refused."""
+    skipped = {name.format(i=i) for name in family.skipped for i in range(config.n_layer)}
+    for name in [name for name in tensors if name in skipped]:
+        del tensors[name]
+    head = tensors.pop("lm_head.weight", None)
+    if head is not None and config.tie_embeddings and not torch.equal(head, state["transformer.wte.weight"]):
+        raise ValueError(
+            f"{source} has an output layer that differs from the token embedding, but config.json ties them"
+        )
+    if tensors:
+        raise ValueError(f"{source} holds tensors {family.model_type} does not have: {', '.join(sorted(tensors)[:5])}")
+
+
+def _check_embedding(tensors: dict[str, torch.Tensor], config: GPTConfig, family: Family, source: str) -> None:
+    """The token embedding against config.json's sizes, before a model of those sizes is described:
+    a config.json that lies about them is named here."""
+    name = family.weights[0].theirs[0]
+    if name not in tensors:
+        raise ValueError(f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint")
+    shape = (config.vocab_size, config.n_embd)
+    if tuple(tensors[name].shape) != shape:
+        raise ValueError(
+            f"{source}: {name} has shape {tuple(tensors[name].shape)} but config.json implies {shape} "
+            f"(the weights do not belong to this config)"
+        )
+
+
+def _shapes(config: GPTConfig, bias: bool) -> dict[str, tuple[int, ...]]:
+    """The name and shape of every weight of GPT(config) (with biases, if bias), without building it."""
+    from .gpt import GPT  # the model module imports nothing of this one; built on the meta device, it costs nothing
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(**{**vars(config), "bias": bias or config.bias}))
+    return {name: tuple(p.shape) for name, p in model.state_dict().items()}
+
+
+def infer_bias(hf_tensors: dict[str, torch.Tensor], config: GPTConfig, family: Family) -> bool:
+    """For a family whose config.json does not say (GPT-2): biases that are all zero are no biases
+    (a model exported without biases comes back without them)."""
+    tensors = normalise_names(hf_tensors, family)
+    names = [name for w in family.weights if w.when == "bias" for _, theirs, _ in _expand(w, config) for name in theirs]
+    return any(name in tensors and bool(tensors[name].count_nonzero()) for name in names)
+
+
+def normalise_names(tensors: dict[str, torch.Tensor], family: Family) -> dict[str, torch.Tensor]:
+    """The tensors under the table's names: with the family's optional prefix where a file left it off."""
+    prefix = family.optional_prefix
+    if not prefix:
+        return dict(tensors)
+    return {
+        name if name.startswith(prefix) or name == "lm_head.weight" else prefix + name: t for name, t in tensors.items()
+    }
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, tuple):
+        return " or ".join(_shown(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def markdown_tables() -> str:
+    """docs/models.md's tables, from FAMILIES: the switches each family computes; the config.json
+    key each of our settings is written to and read from; the keys that must hold one value."""
+    head = "| | " + " | ".join(f"{f.model_type} (`{f.architecture}`)" for f in FAMILIES) + " |"
+    rule = "|---" * (len(FAMILIES) + 1) + "|"
+    lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
+    for switch in SWITCHES:
+        name = "n_kv_head < n_head" if switch == "grouped_query" else switch
+        cells = ["> 0" if switch == "attn_window" and f.computes[switch] is ANY else
+                 "any" if f.computes[switch] is ANY else _shown(f.computes[switch]) for f in FAMILIES]  # fmt: skip
+        lines.append(f"| `model.{name}` | " + " | ".join(cells) + " |")
+    lines += ["", "Our settings and the config.json keys that carry them:", "", head, rule]
+    for setting in SETTINGS:
+        cells = [" = ".join(f"`{k}`" for k in ((keys,) if isinstance(keys, str) else keys or ())) or "-"
+                 for keys in (f.keys.get(setting) for f in FAMILIES)]  # fmt: skip
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    lines += ["", "Keys that must hold one value (left out: the family's default must be it):", ""]
+    for f in FAMILIES:
+        lines.append(f"- {f.model_type}: " + ", ".join(f"`{key}` = {_shown(v)}" for key, v in f.fixed.items()))
+    return "\n".join(lines) + "\n"
