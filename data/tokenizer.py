@@ -121,12 +121,10 @@ class GPT2Tokenizer:
     def to_json(self) -> str:
         """GPT-2's BPE as a tokenizer.json, built from the shipped ranks (the same vocabulary, merges
         and ids as the tokenizer.json of Hugging Face's gpt2), for readers of model folders."""
-        alphabet = byte_level_alphabet()
         ranks = gpt2_ranks()
-        spell = lambda token: "".join(alphabet[byte] for byte in token)  # noqa: E731
-        vocab = {spell(token): rank for token, rank in ranks.items()}
+        vocab = {byte_level_spelling(token): rank for token, rank in ranks.items()}
         merged = [token for token in sorted(ranks, key=ranks.get) if len(token) > 1]  # in the order learnt
-        merges = [tuple(map(spell, merge_pair(ranks, token))) for token in merged]
+        merges = [tuple(map(byte_level_spelling, merge_pair(ranks, token))) for token in merged]
         tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
@@ -343,6 +341,12 @@ def token_byte_table(tokenizer: tokenizers.Tokenizer, state: dict, vocab_size: i
     for token_id, token in added.items():
         table[token_id] = token.content.encode("utf-8")
     return table
+
+
+def byte_level_spelling(token: bytes) -> str:
+    """How a byte-level BPE's tokenizer.json spells a token: each byte as its byte_level_alphabet character."""
+    alphabet = byte_level_alphabet()
+    return "".join(alphabet[byte] for byte in token)
 
 
 @lru_cache(maxsize=1)
