@@ -22,7 +22,6 @@ own batch encoder (all cores) beside tiktoken's encode_ordinary_batch (--threads
 speed is the best of --repeats runs, the two tokenizers' runs alternating.
 """
 
-import argparse
 import sys
 import time
 from collections.abc import Callable
@@ -31,9 +30,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.arguments import BenchArguments  # noqa: E402
 from bench.prepare import generated_documents  # noqa: E402
 from data.prepare import CORPUS_DIR, SEED, VAL_FRACTION, in_val  # noqa: E402
-from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer, train_bpe  # noqa: E402
+from data.tokenizer import (  # noqa: E402
+    BPE_SPECIAL_TOKENS,
+    MAX_VOCAB_SIZE,
+    GPT2Tokenizer,
+    JsonTokenizer,
+    Tokenizer,
+    train_bpe,
+)
 from errors import run_cli  # noqa: E402
 
 
@@ -98,14 +105,13 @@ def speeds(ours: JsonTokenizer, gpt2: GPT2Tokenizer, texts: list[str], threads: 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--megabytes", type=float, default=20, help="size of the generated corpus (default: 20)")
-    parser.add_argument(
-        "--vocab-sizes", type=int, nargs="+", default=[1024, 4096, 16384, 50257], help="BPE sizes to train"
-    )
-    parser.add_argument("--speed-vocab-size", type=int, default=4096, help="the BPE whose speed is measured")
-    parser.add_argument("--threads", type=int, default=2, help="threads of the parallel rows (default: 2)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each speed; the fastest counts")
+    parser = BenchArguments(__doc__)
+    parser.add_amount("--megabytes", default=20, help="size of the generated corpus (default: 20)")
+    sizes = dict(minimum=len(BPE_SPECIAL_TOKENS) + 256, maximum=MAX_VOCAB_SIZE)  # as data/prepare.py --vocab-size
+    parser.add_count("--vocab-sizes", nargs="+", default=[1024, 4096, 16384, 50257], help="BPE sizes to train", **sizes)
+    parser.add_count("--speed-vocab-size", default=4096, help="the BPE whose speed is measured", **sizes)
+    parser.add_count("--threads", default=2, help="threads of the parallel rows (default: 2)")
+    parser.add_count("--repeats", default=3, help="runs of each speed; the fastest counts")
     args = parser.parse_args()
     gpt2 = GPT2Tokenizer()
     measured = corpora(args.megabytes)

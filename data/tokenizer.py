@@ -121,12 +121,10 @@ class GPT2Tokenizer:
     def to_json(self) -> str:
         """GPT-2's BPE as a tokenizer.json, built from the shipped ranks (the same vocabulary, merges
         and ids as the tokenizer.json of Hugging Face's gpt2), for readers of model folders."""
-        alphabet = byte_level_alphabet()
         ranks = gpt2_ranks()
-        spell = lambda token: "".join(alphabet[byte] for byte in token)  # noqa: E731
-        vocab = {spell(token): rank for token, rank in ranks.items()}
+        vocab = {byte_level_spelling(token): rank for token, rank in ranks.items()}
         merged = [token for token in sorted(ranks, key=ranks.get) if len(token) > 1]  # in the order learnt
-        merges = [tuple(map(spell, merge_pair(ranks, token))) for token in merged]
+        merges = [tuple(map(byte_level_spelling, merge_pair(ranks, token))) for token in merged]
         tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
@@ -279,15 +277,13 @@ def tiktoken_twin(state: dict, added: dict) -> tiktoken.Encoding | None:
     plain_specials = all(
         token.special and not (token.lstrip or token.rstrip or token.single_word) for token in added.values()
     )
-    if not (plain_bpe and gpt2_split and not pre_tokenizer.get("add_prefix_space") and plain_specials):
+    text_untouched = not pre_tokenizer.get("add_prefix_space") and state.get("normalizer") is None
+    if not (plain_bpe and gpt2_split and text_untouched and plain_specials):
         return None
-    if state.get("normalizer") is not None:
-        return None
-    alphabet = {char: byte for byte, char in enumerate(byte_level_alphabet())}
     vocab = {token: token_id for token, token_id in model["vocab"].items() if token_id not in added}
-    if not all(char in alphabet for token in vocab for char in token):
+    if not all(char in byte_level_bytes() for token in vocab for char in token):
         return None
-    ranks = {bytes(alphabet[char] for char in token): token_id for token, token_id in vocab.items()}
+    ranks = {bytes(byte_level_bytes()[char] for char in token): token_id for token, token_id in vocab.items()}
     merges = [pair.split(" ", 1) if isinstance(pair, str) else pair for pair in model["merges"]]
     merged_ids = [vocab.get(left + right) for left, right in merges]
     single_bytes = sum(len(token) == 1 for token in ranks)
@@ -321,7 +317,7 @@ def token_byte_table(tokenizer: tokenizers.Tokenizer, state: dict, vocab_size: i
     byte_fallback = bool(state["model"].get("byte_fallback"))
     table = [b""] * vocab_size
     ordinary = []  # ids read through the decoder
-    alphabet = {char: byte for byte, char in enumerate(byte_level_alphabet())}
+    alphabet = byte_level_bytes()
     for token, token_id in tokenizer.get_vocab(with_added_tokens=False).items():
         if token_id in added:
             continue
@@ -343,6 +339,18 @@ def token_byte_table(tokenizer: tokenizers.Tokenizer, state: dict, vocab_size: i
     for token_id, token in added.items():
         table[token_id] = token.content.encode("utf-8")
     return table
+
+
+@lru_cache(maxsize=1)
+def byte_level_bytes() -> dict[str, int]:
+    """The byte that each character of byte_level_alphabet spells."""
+    return {char: byte for byte, char in enumerate(byte_level_alphabet())}
+
+
+def byte_level_spelling(token: bytes) -> str:
+    """How a byte-level BPE's tokenizer.json spells a token: each byte as its byte_level_alphabet character."""
+    alphabet = byte_level_alphabet()
+    return "".join(alphabet[byte] for byte in token)
 
 
 @lru_cache(maxsize=1)

@@ -428,7 +428,8 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(llama_folder):
     tokens = train_bpe([(PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text()[:200_000]], 400, progress=False)
     (llama_folder / "tokenizer.json").write_text(tokens.to_json())
     with pytest.raises(
-        UserError, match=r"holds a model of vocab_size=300 \(.*config.json\), fewer than the 400 tokens of its tokenizer \(.*tokenizer.json\)"
+        UserError,
+        match=r"holds a model of vocab_size=300 \(.*config.json\), fewer than the 400 tokens of its tokenizer \(.*tokenizer.json\)",
     ):
         model_from_pretrained(str(llama_folder), key="--init-from")
     assert config["vocab_size"] == 300

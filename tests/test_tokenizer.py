@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import tokenizers
 
@@ -250,3 +252,13 @@ def test_char_vocabulary_as_a_tokenizer_json_keeps_its_ids():
     rebuilt = JsonTokenizer(chars.to_json())
     assert rebuilt.encode(SAMPLE) == chars.encode(SAMPLE) and rebuilt.decode(chars.encode(SAMPLE)) == SAMPLE
     assert [rebuilt.token_bytes(i) for i in range(chars.vocab_size)] == [ch.encode() for ch in chars.chars]
+
+
+def test_a_bpe_whose_ids_do_not_follow_its_merges_is_left_to_the_tokenizers_package():
+    state = json.loads(trained_bpe().to_json())
+    vocab = state["model"]["vocab"]
+    before, last = sorted(vocab, key=vocab.get)[-2:]  # the last two merges, given each other's ids
+    vocab[before], vocab[last] = vocab[last], vocab[before]
+    tokenizer = JsonTokenizer(json.dumps(state))
+    assert tokenizer.encoding is None  # tiktoken would apply the two merges in the wrong order
+    assert tokenizer.encode_array(SAMPLE).tolist() == tokenizer.corpus_tokenizer.encode(SAMPLE).ids
