@@ -3,7 +3,7 @@ timed in alternating blocks in one process, so that both see the same machine.
 
     python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml
     python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml \
-        --train.max_iters=1550 --optim.lr_decay_iters=1550    # overrides apply to the candidate
+        --train.max_iters=1550    # overrides apply to the candidate (its decay follows max_iters)
 
 Timing two whole runs one after the other is what a user sees, but on a machine whose speed drifts
 (a shared virtual machine: the same run took 112 to 148 s within the hour here) two such runs

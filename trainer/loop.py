@@ -166,10 +166,11 @@ class Trainer:
                     loss = self.train_step(lr)
                     self.step += 1
                     progress.update()
-                    logged = self.step % train.log_interval == 0
+                    last = self.step == train.max_iters  # logged, evaluated and saved however short the run
+                    logged = self.step % train.log_interval == 0 or last
                     if logged:
                         self._log_step(loss, lr, throughput, progress)
-                    saved = self.step % train.eval_interval == 0 or self.step == train.max_iters
+                    saved = self.step % train.eval_interval == 0 or last
                     evaluated = True
                     if saved:
                         evaluated = self._evaluate(progress.write, stop)
