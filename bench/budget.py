@@ -61,7 +61,7 @@ def main() -> None:
         evaluations = {name: [] for name in runs}
         checkpoints = {name: [] for name in runs}
         for trainer in runs.values():
-            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            trainer.run_dir.path.mkdir(parents=True, exist_ok=True)
             trainer.train_step(trainer.cfg.optim.learning_rate).item()  # untimed: first-step allocations
         for round_ in range(args.rounds):
             order = list(runs) if round_ % 2 == 0 else list(reversed(runs))

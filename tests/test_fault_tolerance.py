@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-import trainer.loop as loop_module
+import trainer.stop as stop_module
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint
-from trainer.loop import StopSignals, Trainer
+from trainer.loop import Trainer
+from trainer.stop import StopSignals
 
 # checkpoints every 5 steps, dropout on: resuming must restore the RNG exactly to match
 RUN_ARGS = [
@@ -157,7 +158,7 @@ def test_sigterm_during_a_long_evaluation_ends_the_run_within_seconds(config, tm
 def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkeypatch, during):
     """The steps of training, or the batches of an evaluation: the processes must stop after the same one."""
     clock = types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(stop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     polled = []
 
     class OneOfSeveralProcesses:
@@ -177,7 +178,7 @@ def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkey
         if requested(count) is not None:
             stopped_at = count
             break
-    assert polled == [1, 21, 41] and loop_module.STOP_POLL_SECONDS == 2.0
+    assert polled == [1, 21, 41] and stop_module.STOP_POLL_SECONDS == 2.0
     assert stopped_at == 41 and stop.agreed == signal.SIGTERM  # 1.1 s after the signal
 
 
