@@ -3,7 +3,7 @@ timed in alternating blocks in one process, so that both see the same machine.
 
     python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml
     python bench/budget.py --reference configs/shakespeare_char_gpt2.toml --candidate configs/shakespeare_char.toml \
-        --train.max_iters=1550 --optim.lr_decay_iters=1550    # overrides apply to the candidate
+        --train.max_iters=1550    # overrides apply to the candidate (its decay follows max_iters)
 
 Timing two whole runs one after the other is what a user sees, but on a machine whose speed drifts
 (a shared virtual machine: the same run took 112 to 148 s within the hour here) two such runs
@@ -61,7 +61,7 @@ def main() -> None:
         evaluations = {name: [] for name in runs}
         checkpoints = {name: [] for name in runs}
         for trainer in runs.values():
-            trainer.run_dir.mkdir(parents=True, exist_ok=True)
+            trainer.run_dir.path.mkdir(parents=True, exist_ok=True)
             trainer.train_step(trainer.cfg.optim.learning_rate).item()  # untimed: first-step allocations
         for round_ in range(args.rounds):
             order = list(runs) if round_ % 2 == 0 else list(reversed(runs))

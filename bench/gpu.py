@@ -202,7 +202,7 @@ def baby_gpt(run: PartRun, config: str) -> None:
     argv += [f"--data.data_dir={run.scratch / 'data'}"]
     if run.smoke:
         argv += [*TOY_RUN, "--train.max_iters=4", "--train.eval_interval=2", "--train.log_interval=1"]
-        argv += ["--optim.warmup_iters=1", "--optim.lr_decay_iters=4"]
+        argv += ["--optim.warmup_iters=1"]  # the config's warmup is longer than 4 steps
     started = time.time()
     status, seconds = run.run(argv)
     command = run.shown(argv)
@@ -349,7 +349,7 @@ def kill_and_resume(run: PartRun, launch: list[str], config: str, common: list[s
     steps, every, kill_after = (8, 2, 5) if run.smoke else (200, 50, 60)
     schedule = [f"--train.max_iters={steps}", f"--train.eval_interval={every}", "--train.log_interval=1"]
     if run.smoke:
-        schedule += ["--optim.warmup_iters=1", f"--optim.lr_decay_iters={steps}"]
+        schedule += ["--optim.warmup_iters=1"]  # the config's warmup is longer than the smoke run
     else:  # uncompiled: three starts of a compilation would not fit the budget
         schedule += ["--train.eval_iters=5", "--train.compile=false"]
 

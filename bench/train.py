@@ -72,7 +72,7 @@ def main() -> None:
         loss.item()  # waits for the device to finish the last step
         step_seconds = (time.perf_counter() - start) / args.steps
         evaluation_seconds = timed(trainer.evaluate)  # returns floats: the device has finished
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
+        trainer.run_dir.path.mkdir(parents=True, exist_ok=True)
         checkpoint_seconds = timed(trainer.save)
         if args.profile:
             print_profile(trainer, cfg.optim.learning_rate, args.profile)
@@ -102,7 +102,7 @@ def largest_fitting_batch(cfg: Config, batch_sizes: list[int], scratch: Path) ->
             fits = False
         finally:
             if probe is not None:
-                probe.run_lock.release()
+                probe.run_dir.release()
             del probe
             gc.collect()
             if torch.cuda.is_available():

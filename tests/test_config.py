@@ -10,8 +10,8 @@ from trainer.config import (
     SECTIONS,
     Config,
     config_help,
-    config_to_dict,
     config_to_toml,
+    default_values,
     field_comments,
     idle_keys,
     load_config,
@@ -28,11 +28,11 @@ def write(tmp_path: Path, text: str) -> str:
 
 def test_precedence_is_defaults_then_file_then_command_line(tmp_path):
     path = write(tmp_path, "[model]\nn_layer = 4\nn_head = 4\n[optim]\nlearning_rate = 1e-3\n")
-    cfg = load_config(path, ["--model.n_head=2", "--train.max_iters", "7"])
+    cfg = load_config(path, ["--model.n_head=2", "--train.max_iters", "7000"])
     assert cfg.model.n_layer == 4  # file over default
     assert cfg.model.n_head == 2  # command line over file
     assert cfg.optim.learning_rate == 1e-3  # file
-    assert cfg.train.max_iters == 7  # command line, space-separated form
+    assert cfg.train.max_iters == 7000  # command line, space-separated form
     assert cfg.model.n_embd == Config().model.n_embd  # default
 
 
@@ -150,6 +150,46 @@ def test_numbers_are_accepted_to_the_end_of_their_range_and_refused_past_it(key,
     assert getattr(getattr(load_config(None, [f"--{key}={last_accepted}", *also]), section), name) == last_accepted
     with pytest.raises(ConfigError, match=rf"^{re.escape(f'{key}={first_refused}')} .*accepted range"):
         load_config(None, [f"--{key}={first_refused}", *also])
+
+
+def test_lr_decay_follows_max_iters_unless_set():
+    quickstart = str(PROJECT_ROOT / "configs" / "shakespeare_char.toml")
+    assert load_config(quickstart, ["--train.max_iters=300"]).optim.lr_decay_iters == 300
+    assert load_config(None, []).optim.lr_decay_iters == Config().train.max_iters
+    explicit = load_config(quickstart, ["--train.max_iters=300", "--optim.lr_decay_iters=1000"])
+    assert explicit.optim.lr_decay_iters == 1000
+    # --help and the README show the key's own default, 0; the built tree holds the resolved number
+    assert default_values()["optim"]["lr_decay_iters"] == 0
+    assert re.search(r"^  lr_decay_iters +int +0 +step at which", config_help(), re.MULTILINE)
+
+
+def test_a_saved_config_keeps_the_decay_it_resolved(tmp_path):
+    """config.toml holds the number: resuming from it reproduces the schedule, and raising max_iters
+    there trains on at min_lr instead of stretching the decay of the steps already taken."""
+    cfg = load_config(str(PROJECT_ROOT / "configs" / "shakespeare_char.toml"), ["--train.max_iters=300"])
+    saved = write(tmp_path, config_to_toml(cfg))
+    assert "lr_decay_iters = 300" in Path(saved).read_text().splitlines()
+    assert load_config(saved, []) == cfg
+    assert load_config(saved, ["--train.max_iters=600"]).optim.lr_decay_iters == 300
+
+
+@pytest.mark.parametrize(
+    "max_iters,message",
+    [
+        (40, r"optim.lr_decay_iters=40 must be at least warmup_iters=50; lr_decay_iters, left at 0, follows "
+             r"train.max_iters=40: a run this short needs a shorter optim.warmup_iters \(0 for none\)$"),
+        (80, r"optim.cooldown_frac=0.5 starts the decay at step 40 of lr_decay_iters=80, before warmup_iters=50 ends "
+             r".*lr_decay_iters, left at 0, follows train.max_iters=80"),
+    ],
+)  # fmt: skip
+def test_a_run_too_short_for_its_warmup_is_refused_naming_max_iters(max_iters, message):
+    """Cutting the warmup to fit, or training all the run below learning_rate, would not be the
+    recipe the config names: the run is refused, saying which key to shorten."""
+    quickstart = str(PROJECT_ROOT / "configs" / "shakespeare_char.toml")  # warmup 50, wsd cooldown 0.5
+    with pytest.raises(ConfigError, match=message):
+        load_config(quickstart, [f"--train.max_iters={max_iters}"])
+    short = load_config(quickstart, [f"--train.max_iters={max_iters}", "--optim.warmup_iters=0"])
+    assert short.optim.lr_decay_iters == max_iters
 
 
 @pytest.mark.parametrize("decay,lr", [("weight_decay", "learning_rate"), ("muon_weight_decay", "muon_lr")])
@@ -272,7 +312,7 @@ def test_help_lists_every_config_key():
 def test_readme_table_documents_every_config_key_with_its_default():
     readme = (PROJECT_ROOT / "README.md").read_text()
     rows = dict(re.findall(r"^\| `(\w+\.\w+)` \| \w+ \| `([^`]*)` \|", readme, re.MULTILINE))
-    defaults = config_to_dict(Config())
+    defaults = default_values()
     documented = set()
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):

@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-import trainer.loop as loop_module
+import trainer.stop as stop_module
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint
-from trainer.loop import StopSignals, Trainer
+from trainer.loop import Trainer
+from trainer.stop import StopSignals
 
 # checkpoints every 5 steps, dropout on: resuming must restore the RNG exactly to match
 RUN_ARGS = [
@@ -157,7 +158,7 @@ def test_sigterm_during_a_long_evaluation_ends_the_run_within_seconds(config, tm
 def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkeypatch, during):
     """The steps of training, or the batches of an evaluation: the processes must stop after the same one."""
     clock = types.SimpleNamespace(now=0.0)
-    monkeypatch.setattr(loop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
+    monkeypatch.setattr(stop_module, "time", types.SimpleNamespace(monotonic=lambda: clock.now))
     polled = []
 
     class OneOfSeveralProcesses:
@@ -177,14 +178,14 @@ def test_processes_under_torchrun_agree_on_a_stop_about_every_two_seconds(monkey
         if requested(count) is not None:
             stopped_at = count
             break
-    assert polled == [1, 21, 41] and loop_module.STOP_POLL_SECONDS == 2.0
+    assert polled == [1, 21, 41] and stop_module.STOP_POLL_SECONDS == 2.0
     assert stopped_at == 41 and stop.agreed == signal.SIGTERM  # 1.1 s after the signal
 
 
-def trainer_with_hook(run_dir, data_dir, after_step) -> Trainer:
+def trainer_with_hook(run_dir, data_dir, after_step, **overrides) -> Trainer:
     """A 20-step run, evaluating every 5 steps, whose train_step calls after_step(trainer, loss)
     once each step is taken; what that returns is the step's loss."""
-    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5))
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, **overrides))
     train_step = trainer.train_step
     trainer.train_step = lambda lr: after_step(trainer, train_step(lr))
     return trainer
@@ -254,6 +255,29 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     with pytest.raises(UserError, match=r"the train loss is nan at step 8: training stopped, .*ckpt.pt from step 5 is"):
         trainer.fit()
     assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 5
+
+
+def test_a_run_whose_decay_follows_max_iters_resumes_bit_for_bit(tmp_path, data_dir, monkeypatch):
+    """Stopped at step 7 and resumed from its config.toml, a run with lr_decay_iters unset takes the
+    same rates and losses as the same run uninterrupted: the saved config holds the resolved decay."""
+
+    def stop_at_step_7(trainer, loss):
+        if trainer.step == 6:  # the step just taken becomes step 7
+            signal.raise_signal(signal.SIGTERM)
+        return loss
+
+    follows = dict(optim__lr_decay_iters=0, model__dropout=0.1)
+    Trainer(tiny_config(tmp_path / "whole", data_dir, train__max_iters=20, train__eval_interval=5, **follows)).fit()
+    assert trainer_with_hook(tmp_path / "split", data_dir, stop_at_step_7, **follows).fit() == signal.SIGTERM
+    resume = ["--config", str(tmp_path / "split" / "config.toml"), "--train.init_from=resume"]
+    assert run_entry_point("train.py", resume, monkeypatch) == 0
+
+    def rates_and_losses(run_dir):
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["lr"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+    assert rates_and_losses(tmp_path / "split") == rates_and_losses(tmp_path / "whole")
+    assert load_checkpoint(tmp_path / "split" / "ckpt.pt")["config"]["optim"]["lr_decay_iters"] == 20
 
 
 def test_keep_checkpoints_keeps_the_last_k_beside_the_latest(tmp_path, data_dir):

@@ -127,6 +127,29 @@ def test_training_lowers_the_loss_and_records_the_run(tmp_path, data_dir):
     assert checkpoint["step"] == 30 and checkpoint["config"]["model"]["vocab_size"] == 65
 
 
+def test_a_shortened_run_decays_to_min_lr_at_its_last_step(tmp_path, data_dir):
+    """With optim.lr_decay_iters unset, --train.max_iters alone sets the decay's end: the run takes
+    the rates of a decay ending at its last step, and its config.toml and checkpoint say so."""
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, optim__lr_decay_iters=0, train__max_iters=12))
+    trainer.fit()
+    decay_at_12 = tiny_config(tmp_path / "unused", data_dir, optim__lr_decay_iters=12, train__max_iters=12).optim
+    logged = {r["step"]: r["lr"] for r in read_metrics(run_dir) if "lr" in r}
+    assert logged == {step + 1: lr_at(step, decay_at_12) for step in range(12)}  # a record's lr took it to its step
+    assert lr_at(12, trainer.cfg.optim) == trainer.cfg.optim.min_lr
+    assert load_config(str(run_dir / "config.toml"), []).optim.lr_decay_iters == 12
+    assert torch.load(run_dir / "ckpt.pt", weights_only=True)["config"]["optim"]["lr_decay_iters"] == 12
+
+
+def test_a_run_shorter_than_its_intervals_logs_evaluates_and_saves_its_last_step(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=3, train__log_interval=10, train__eval_interval=10)).fit()
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "loss" in r] == [3]
+    assert [r["step"] for r in records if "val_loss" in r] == [0, 3]
+    assert torch.load(run_dir / "ckpt.pt", weights_only=True)["step"] == 3
+
+
 def test_bits_per_byte_divide_the_loss_by_the_bytes_per_token_of_each_split(tmp_path, bpe_data_dir):
     run_dir = tmp_path / "run"
     overrides = {"data__dataset": "shakespeare", "train__max_iters": 1, "train__eval_iters": 1}

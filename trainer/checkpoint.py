@@ -6,17 +6,20 @@ the old one, so a crash mid-write leaves the previous checkpoint intact.
 """
 
 import pickle
+import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from data.files import atomic_open
-from data.loader import check_meta
+from data.loader import RandomWindows, check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from trainer.config import CHECKPOINT_NAME, check_token_keys, config_from_dict
+from trainer.objective import Objective
 from trainer.runtime import check_fits_in_memory
 
 FORMAT_VERSION = 3
@@ -68,6 +71,36 @@ def _write_checkpoint(state: dict, path: Path, keep: int) -> None:
     abandoned = [p for p in written if p.name > step_path.name]
     for old in abandoned + [p for p in written if p.name <= step_path.name][:-keep]:
         old.unlink()
+
+
+def rng_state(device: torch.device, batches: RandomWindows, objective: Objective) -> dict:
+    """This process's random number generators and where its training batches and objective stand,
+    as plain data: a checkpoint's entry for one process."""
+    numpy_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "mps": torch.mps.get_rng_state() if device.type == "mps" else None,
+        "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]),
+        "python": random.getstate(),
+        "train_batches": batches.state_dict(),
+        "train_objective": objective.state_dict(),
+    }
+
+
+def restore_rng_state(rng: dict, device: torch.device, batches: RandomWindows, objective: Objective) -> None:
+    """Put back what rng_state saved for this process."""
+    torch.set_rng_state(rng["torch"])
+    if device.type == "cuda" and rng["cuda"] is not None:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+    if device.type == "mps" and rng["mps"] is not None:
+        torch.mps.set_rng_state(rng["mps"])
+    name, keys, *rest = rng["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
+    random.setstate(rng["python"])
+    batches.load_state_dict(rng["train_batches"])
+    if "train_objective" in rng:  # checkpoints from before prefix-LM have none: nothing was drawn
+        objective.load_state_dict(rng["train_objective"])
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -1,8 +1,10 @@
 """The typed config tree: the single source of truth for a training run.
 
 Precedence: dataclass defaults < the TOML file given with --config < command-line overrides
-(`--section.key=value` or `--section.key value`). The resolved tree is saved in the run directory
-(config.toml) and inside every checkpoint.
+(`--section.key=value` or `--section.key value`). A key that follows another (optim.lr_decay_iters = 0
+follows train.max_iters) is resolved when the tree is built, in Config.__post_init__, so the resolved
+tree saved in the run directory (config.toml) and inside every checkpoint holds the number the run
+used, and resuming with either reproduces the schedule.
 """
 
 import dataclasses
@@ -59,8 +61,8 @@ class OptimConfig:
     learning_rate: float = 6e-4  # AdamW's peak LR, reached at the end of warmup (1e-9 .. 1)
     min_lr: float = 6e-5  # AdamW's LR at the end of the decay, and after it
     schedule: str = "cosine"  # after warmup: "cosine" decay to min_lr, or "wsd" (stable, then linear decay)
-    warmup_iters: int = 2000  # steps of linear warmup up to learning_rate
-    lr_decay_iters: int = 600000  # step at which the decay reaches min_lr
+    warmup_iters: int = 2000  # steps of linear warmup up to learning_rate; at most lr_decay_iters
+    lr_decay_iters: int = 0  # step at which the decay reaches min_lr; 0 = train.max_iters, the run's last step
     cooldown_frac: float = 0.2  # wsd: the last fraction of lr_decay_iters, spent decaying linearly to min_lr
     weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
     beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
@@ -81,7 +83,8 @@ class OptimConfig:
             raise ValueError(f"min_lr={self.min_lr} must be between 0 and learning_rate={self.learning_rate}")
         if self.warmup_iters < 0:
             raise ValueError(f"warmup_iters={self.warmup_iters} must be 0 or more")
-        if self.lr_decay_iters < self.warmup_iters:
+        # 0 follows train.max_iters: Config resolves it, then these checks run on the number
+        if self.lr_decay_iters and self.lr_decay_iters < self.warmup_iters:
             raise ValueError(f"lr_decay_iters={self.lr_decay_iters} must be at least warmup_iters={self.warmup_iters}")
         _check_range(self, "lr_decay_iters", 0, MAX_STEPS, "steps")
         if self.weight_decay < 0:
@@ -110,12 +113,25 @@ class OptimConfig:
             )
         if not 0 < self.cooldown_frac <= 1:
             raise ValueError(f"cooldown_frac={self.cooldown_frac} must be in (0, 1]")
-        if self.schedule == "wsd" and self.wsd_decay_start < self.warmup_iters:
+        if self.schedule == "wsd" and self.lr_decay_iters and self.wsd_decay_start < self.warmup_iters:
             raise ValueError(
                 f"cooldown_frac={self.cooldown_frac} starts the decay at step {self.wsd_decay_start} of "
                 f"lr_decay_iters={self.lr_decay_iters}, before warmup_iters={self.warmup_iters} ends "
                 f"(lower cooldown_frac or warmup_iters)"
             )
+
+    def decaying_until(self, max_iters: int) -> "OptimConfig":
+        """This section with an lr_decay_iters of 0 resolved to max_iters, the run's length; the
+        section's checks then hold for that number, and their message says where it came from."""
+        if self.lr_decay_iters:
+            return self
+        try:
+            return dataclasses.replace(self, lr_decay_iters=max_iters)
+        except ValueError as e:
+            raise ValueError(
+                f"optim.{e}; lr_decay_iters, left at 0, follows train.max_iters={max_iters}: a run this short "
+                f"needs a shorter optim.warmup_iters (0 for none)"
+            ) from None
 
     @property
     def wsd_decay_start(self) -> int:
@@ -134,9 +150,9 @@ class TrainConfig:
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
-    eval_interval: int = 2000  # steps between evaluations; each writes a checkpoint (the one at step 0 does not)
+    eval_interval: int = 2000  # steps between evaluations, and the last step; each writes a checkpoint (not step 0's)
     eval_iters: int = 200  # batches per split in each evaluation
-    log_interval: int = 10  # steps between lines of metrics.jsonl
+    log_interval: int = 10  # steps between lines of metrics.jsonl; the last step is always logged
     init_from: str = "scratch"  # "scratch", "resume" (continue out_dir's checkpoint), a Hugging Face folder or hub id
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
@@ -209,6 +225,11 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self):
+        # the one place where a key follows another section's: resolved as the tree is built, so the
+        # run, its config.toml and its checkpoints all hold the number it used
+        self.optim = self.optim.decaying_until(self.train.max_iters)
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}
@@ -317,7 +338,10 @@ def build_config(values: dict[str, dict[str, object]]) -> Config:
             sections[name] = cls(**values.get(name, {}))
         except ValueError as e:
             raise ConfigError(f"{name}.{e}") from None
-    return Config(**sections)
+    try:
+        return Config(**sections)
+    except ValueError as e:  # across sections: the message names each key in full
+        raise ConfigError(str(e)) from None
 
 
 def _check_int_range(section: str, values: dict[str, object]) -> None:
@@ -344,6 +368,12 @@ def config_from_dict(raw: dict, source: str) -> Config:
 
 def config_to_dict(cfg: Config) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def default_values() -> dict:
+    """Each key's default as its section declares it, before Config resolves the keys that follow
+    another (optim.lr_decay_iters = 0): what --help and the README show."""
+    return {name: dataclasses.asdict(cls()) for name, cls in SECTIONS.items()}
 
 
 def config_to_toml(cfg: Config) -> str:
@@ -495,7 +525,7 @@ def field_comments(cls: type) -> dict[str, str]:
 def config_help() -> str:
     """Every config key with its type, default and meaning, for --help."""
     lines = []
-    defaults = config_to_dict(Config())
+    defaults = default_values()
     for section, cls in SECTIONS.items():
         lines.append(f"[{section}]")
         comments = field_comments(cls)

@@ -1,54 +1,32 @@
-"""The training loop: `Trainer(cfg).fit()` trains a GPT until train.max_iters optimizer steps."""
+"""The training loop: `Trainer(cfg)` builds a run from its config, `fit()` trains it until
+train.max_iters optimizer steps. The run directory (its lock, config.toml, metrics.jsonl, what may be
+resumed or overwritten) is trainer/run_dir.py's room, stop requests trainer/stop.py's, and what a
+checkpoint holds and how it is written trainer/checkpoint.py's."""
 
 import dataclasses
 import difflib
 import math
-import random
 import signal
-import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.files import FileLock, atomic_open, check_writable_dir
 from data.loader import SPLITS, RandomWindows, TokenDataset
-from data.tokenizer import tokenizer_from_meta, vocabulary_fingerprint
+from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
-from trainer.checkpoint import CHECKPOINT_NAME, FORMAT_VERSION, check_weights, load_checkpoint, save_checkpoint
-from trainer.config import (
-    INIT_FROM,
-    RUN_CONFIG_HEADER,
-    RUN_CONFIG_NAME,
-    Config,
-    TrainConfig,
-    check_token_keys,
-    config_to_dict,
-    idle_keys,
-    is_run_config,
-    run_config_toml,
-)
+from trainer.checkpoint import FORMAT_VERSION, check_weights, restore_rng_state, rng_state, save_checkpoint
+from trainer.config import INIT_FROM, Config, TrainConfig, check_token_keys, config_to_dict, idle_keys
 from trainer.distributed import ParallelModel, World
 from trainer.evaluate import TaskResult, evaluate_task, load_tasks, metrics_record, summary_lines
-from trainer.metrics import (
-    METRICS_NAME,
-    MetricsLog,
-    Throughput,
-    flops_per_token,
-    gpu_peak_flops,
-    read_metrics,
-    read_records,
-    total_peak_flops,
-)
+from trainer.metrics import Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, is_hub_id, load_pretrained, with_pretrained_shape
+from trainer.run_dir import RunDir
 from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
-
-STOP_POLL_SECONDS = 2.0  # under torchrun, how often the processes agree on a stop request (Ctrl-C, SIGTERM)
-LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
+from trainer.stop import StopSignals
 
 
 class Trainer:
@@ -70,18 +48,17 @@ class Trainer:
             )
         self.world.start(self.device)
         self.world.barrier()  # until local rank 0 has prepared a bundled dataset (train.py)
-        self.run_dir = Path(train.out_dir)
-        self.run_lock = self._lock_run_dir(train)
+        self.run_dir = RunDir(train, self.world)  # locked until the run ends
         try:
             self._build(cfg)
         except BaseException:
-            self._unlock_run_dir()
+            self.run_dir.abandon()
             raise
 
     def _build(self, cfg: Config) -> None:
         """The model, optimizer, data and state of the run (restored from its checkpoint when resuming)."""
         train = cfg.train
-        checkpoint = self._open_run_dir(train)
+        checkpoint = self.run_dir.open()
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         pretrained = None
         if train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
@@ -100,7 +77,7 @@ class Trainer:
         self.tokenizer = tokenizer_from_meta(self.dataset.meta)
         self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
         if checkpoint is not None:
-            _check_resumable(checkpoint, cfg, self.dataset.meta, self.run_dir)
+            self.run_dir.check_resumable(checkpoint, cfg, self.dataset.meta)
 
         if self.device.type == "cuda":
             enable_tf32()
@@ -108,7 +85,7 @@ class Trainer:
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
         if checkpoint is not None:
-            check_weights(self.model, checkpoint["model"], f"the weights in {self.run_dir / CHECKPOINT_NAME}")
+            check_weights(self.model, checkpoint["model"], f"the weights in {self.run_dir.checkpoint_path}")
         if pretrained is not None:
             self.model.load_state_dict(crop_positions(pretrained, cfg.model.block_size))
         self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
@@ -128,17 +105,47 @@ class Trainer:
         self.last_checkpoint_step: int | None = self.step if checkpoint is not None else None
         self.world.barrier()  # every process has looked at the run directory before rank 0 writes to it
 
+    def _train_windows(self, seed: int) -> RandomWindows:
+        data, block_size = self.cfg.data, self.cfg.model.block_size
+        return RandomWindows(self.dataset, "train", data.batch_size, block_size, seed, self.device)
+
+    def _restore(self, checkpoint: dict) -> None:
+        self.parallel.load_state_dicts(self.optimizer, checkpoint["model"], checkpoint["optimizer"])
+        if self.scaler.is_enabled() and checkpoint["scaler"]:
+            # a run saved in another precision has no scale to restore: the new scaler starts afresh
+            self.scaler.load_state_dict(checkpoint["scaler"])
+        self.step = checkpoint["step"]
+        self.wandb_run_id = checkpoint["wandb_run_id"] or None
+        saved_rng = checkpoint["rng"]
+        if len(saved_rng) == self.world.size:
+            restore_rng_state(saved_rng[self.world.rank], self.device, self.batches, self.objective)
+            return
+        # another number of processes: no state to give each one, so seed afresh, apart from the
+        # seeds the run has used
+        seed = self.cfg.train.seed + self.step * self.world.size + self.world.rank
+        torch.manual_seed(seed)
+        self.batches = self._train_windows(seed)
+        self.objective = Objective(self.cfg.model, seed)
+        self._print(
+            f"the checkpoint was written by {len(saved_rng)} process(es), this run has {self.world.size}: "
+            f"batches and dropout follow new seeds, so the run will not repeat an uninterrupted one exactly"
+        )
+
     def fit(self) -> int | None:
         """Train until train.max_iters. Returns None, or the number of the signal (SIGINT, SIGTERM)
         that stopped the run early, after a checkpoint of the last step was written."""
         cfg, train = self.cfg, self.cfg.train
         if self.step >= train.max_iters:
-            self._print(f"{self.run_dir} already reached train.max_iters={train.max_iters}; raise it to train longer")
-            self.run_lock.release()
+            self._print(
+                f"{self.run_dir.path} already reached train.max_iters={train.max_iters}; raise it to train longer"
+            )
+            self.run_dir.release()
             self.world.stop()
             return None
         resumed = self.step > 0
-        self.log = self._open_log(resumed)
+        self.log = self.run_dir.open_log(cfg, self.step if resumed else None, self.wandb_run_id)
+        if self.log is not None:
+            self.wandb_run_id = self.log.wandb_run_id
         self._print_summary(resumed)
         progress = tqdm(
             total=train.max_iters,
@@ -151,7 +158,7 @@ class Trainer:
         try:
             with StopSignals(self.world, self.device, self.step) as stop:
                 # the untrained baseline (close to ln(vocab_size)), or the evaluation a stop cut short
-                if not resumed or self._evaluation_pending():
+                if not resumed or self.run_dir.evaluation_pending(self.step):
                     if not self._evaluate(progress.write, stop):
                         self.save()
                         return self._stopped(stop.agreed)
@@ -166,10 +173,11 @@ class Trainer:
                     loss = self.train_step(lr)
                     self.step += 1
                     progress.update()
-                    logged = self.step % train.log_interval == 0
+                    last = self.step == train.max_iters  # logged, evaluated and saved however short the run
+                    logged = self.step % train.log_interval == 0 or last
                     if logged:
                         self._log_step(loss, lr, throughput, progress)
-                    saved = self.step % train.eval_interval == 0 or self.step == train.max_iters
+                    saved = self.step % train.eval_interval == 0 or last
                     evaluated = True
                     if saved:
                         evaluated = self._evaluate(progress.write, stop)
@@ -186,9 +194,9 @@ class Trainer:
             progress.close()
             if self.log is not None:
                 self.log.close()
-            self.run_lock.release()
+            self.run_dir.release()
             self.world.stop()
-        self._print(f"done: {self.step} steps; checkpoint in {self.run_dir / CHECKPOINT_NAME}")
+        self._print(f"done: {self.step} steps; checkpoint in {self.run_dir.checkpoint_path}")
         return None
 
     def train_step(self, lr: float) -> torch.Tensor:
@@ -251,67 +259,6 @@ class Trainer:
         finally:
             self.model.train()
 
-    def checkpoint_state(self) -> dict:
-        """Everything needed to sample from the model or continue the run, as plain data. Every
-        process must call it (FSDP gathers the weights, and each process adds its RNG states)."""
-        model_state, optimizer_state = self.parallel.state_dicts(self.optimizer)
-        return {
-            "format_version": FORMAT_VERSION,
-            "step": self.step,
-            "config": config_to_dict(self.cfg),
-            "dataset": self.dataset.meta,
-            "model": model_state,  # the full, unwrapped and uncompiled module's names
-            "optimizer": optimizer_state,  # keyed by parameter name, whatever the parallelism
-            "scaler": self.scaler.state_dict(),
-            "rng": self.world.gather(self._rng_state()),  # one entry per process, in rank order
-            "wandb_run_id": self.wandb_run_id or "",
-        }
-
-    def save(self) -> None:
-        """Write ckpt.pt: every process takes part, rank 0 writes."""
-        state = self.checkpoint_state()
-        if self.world.is_main:
-            save_checkpoint(state, self.run_dir / CHECKPOINT_NAME, self.cfg.train.keep_checkpoints)
-        self.last_checkpoint_step = self.step
-
-    def _rng_state(self) -> dict:
-        numpy_state = np.random.get_state()
-        return {
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            "mps": torch.mps.get_rng_state() if self.device.type == "mps" else None,
-            "numpy": (numpy_state[0], torch.from_numpy(numpy_state[1].astype(np.int64)), *numpy_state[2:]),
-            "python": random.getstate(),
-            "train_batches": self.batches.state_dict(),
-            "train_objective": self.objective.state_dict(),
-        }
-
-    def _set_rng_state(self, rng: dict) -> None:
-        torch.set_rng_state(rng["torch"])
-        if self.device.type == "cuda" and rng["cuda"] is not None:
-            torch.cuda.set_rng_state(rng["cuda"], self.device)
-        if self.device.type == "mps" and rng["mps"] is not None:
-            torch.mps.set_rng_state(rng["mps"])
-        name, keys, *rest = rng["numpy"]
-        np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
-        random.setstate(rng["python"])
-        self.batches.load_state_dict(rng["train_batches"])
-        if "train_objective" in rng:  # checkpoints from before prefix-LM have none: nothing was drawn
-            self.objective.load_state_dict(rng["train_objective"])
-
-    def _train_windows(self, seed: int) -> RandomWindows:
-        data, block_size = self.cfg.data, self.cfg.model.block_size
-        return RandomWindows(self.dataset, "train", data.batch_size, block_size, seed, self.device)
-
-    def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
-        """Record the mean loss over all processes; stop the run if it is not a finite number."""
-        loss_value = self.world.mean(loss).item()
-        if not math.isfinite(loss_value):
-            self._diverged(f"the train loss is {loss_value}")
-        record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
-        self._record(record)
-        progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
-
     def _evaluate(self, write, stop: "StopSignals") -> bool:
         """Evaluate and record the losses; False if a stop request ended the evaluation first."""
         losses = self.evaluate(stop)
@@ -356,22 +303,48 @@ class Trainer:
                     return None
         return results
 
-    def _evaluation_pending(self) -> bool:
-        """Whether the checkpoint's step is an evaluation step whose evaluation a stop cut short (its
-        metrics.jsonl holds none), for the resumed run to do first. Rank 0 reads the log; every
-        process learns its answer."""
-        pending = None
+    def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
+        """Record the mean loss over all processes; stop the run if it is not a finite number."""
+        loss_value = self.world.mean(loss).item()
+        if not math.isfinite(loss_value):
+            self._diverged(f"the train loss is {loss_value}")
+        record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
+        self._record(record)
+        progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
+
+    def _record(self, record: dict) -> None:
+        if self.log is not None:
+            self.log.log(record)
+
+    def save(self) -> None:
+        """Write ckpt.pt: every process takes part, rank 0 writes."""
+        state = self.checkpoint_state()
         if self.world.is_main:
-            evaluated = [r for r in read_metrics(self.run_dir / METRICS_NAME) if "val_loss" in r]
-            at_interval = self.step % self.cfg.train.eval_interval == 0
-            pending = at_interval and not any(r["step"] == self.step for r in evaluated)
-        return self.world.gather(pending)[0]
+            save_checkpoint(state, self.run_dir.checkpoint_path, self.cfg.train.keep_checkpoints)
+        self.last_checkpoint_step = self.step
+
+    def checkpoint_state(self) -> dict:
+        """Everything needed to sample from the model or continue the run, as plain data. Every
+        process must call it (FSDP gathers the weights, and each process adds its RNG states)."""
+        model_state, optimizer_state = self.parallel.state_dicts(self.optimizer)
+        return {
+            "format_version": FORMAT_VERSION,
+            "step": self.step,
+            "config": config_to_dict(self.cfg),
+            "dataset": self.dataset.meta,
+            "model": model_state,  # the full, unwrapped and uncompiled module's names
+            "optimizer": optimizer_state,  # keyed by parameter name, whatever the parallelism
+            "scaler": self.scaler.state_dict(),
+            # one entry per process, in rank order
+            "rng": self.world.gather(rng_state(self.device, self.batches, self.objective)),
+            "wandb_run_id": self.wandb_run_id or "",
+        }
 
     def _stopped(self, signum: int) -> int:
         self._print(
             f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
-            f"{self.run_dir / CHECKPOINT_NAME} (continue with --config "
-            f"{self.run_dir / 'config.toml'} --train.init_from=resume)"
+            f"{self.run_dir.checkpoint_path} (continue with --config "
+            f"{self.run_dir.path / 'config.toml'} --train.init_from=resume)"
         )
         return signum
 
@@ -379,116 +352,10 @@ class Trainer:
         if self.last_checkpoint_step is None:
             kept = "no checkpoint was written before it"
         else:
-            kept = f"{self.run_dir / CHECKPOINT_NAME} from step {self.last_checkpoint_step} is kept"
+            kept = f"{self.run_dir.checkpoint_path} from step {self.last_checkpoint_step} is kept"
         raise UserError(
             f"{what} at step {self.step}: training stopped, {kept} (lower optim.learning_rate or "
             f"raise optim.warmup_iters; in float16, try bfloat16)"
-        )
-
-    def _open_log(self, resumed: bool) -> MetricsLog | None:
-        """Rank 0 writes config.toml and metrics.jsonl and talks to wandb; other processes log nothing."""
-        if not self.world.is_main:
-            return None
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        with atomic_open(self.run_dir / RUN_CONFIG_NAME) as f:
-            f.write(run_config_toml(self.cfg).encode("utf-8"))
-        log = MetricsLog(
-            self.run_dir, self.cfg.wandb, config_to_dict(self.cfg), self.step if resumed else None, self.wandb_run_id
-        )
-        self.wandb_run_id = log.wandb_run_id
-        return log
-
-    def _record(self, record: dict) -> None:
-        if self.log is not None:
-            self.log.log(record)
-
-    def _print(self, text: str) -> None:
-        if self.world.is_main:
-            print(text)
-
-    def _lock_run_dir(self, train: TrainConfig) -> FileLock:
-        """One writer per run directory: rank 0 holds out_dir/train.lock until the run ends, and a
-        second training or resume of the same directory is refused, naming the process that holds it."""
-        check_writable_dir(self.run_dir, "train.out_dir")
-        lock = FileLock(self.run_dir / LOCK_NAME)
-        holder = None
-        self.created_run_dir = False
-        if self.world.is_main:
-            self.created_run_dir = not self.run_dir.exists()
-            try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                holder = lock.acquire()
-            except OSError as e:
-                raise UserError(
-                    f"train.out_dir={train.out_dir!r} cannot be written ({e.strerror}): choose a directory you "
-                    f"can write"
-                ) from None
-        holder = self.world.gather(holder)[0]  # every process learns rank 0's answer
-        if holder is not None:
-            raise UserError(
-                f"train.out_dir={train.out_dir!r} is in use by another training ({holder}): wait for it to end or "
-                f"stop it, or choose another --train.out_dir"
-            )
-        return lock
-
-    def _unlock_run_dir(self) -> None:
-        """Release the run directory of a run that did not start, leaving no trace of it."""
-        self.run_lock.release()
-        if self.created_run_dir and not any(self.run_dir.iterdir()):
-            self.run_dir.rmdir()
-
-    def _open_run_dir(self, train: TrainConfig) -> dict | None:
-        """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
-        config_path = self.run_dir / RUN_CONFIG_NAME
-        if config_path.exists() and not is_run_config(config_path):
-            raise UserError(
-                f"train.out_dir={train.out_dir!r} holds a {RUN_CONFIG_NAME} that train.py did not write (its first "
-                f"line is not {RUN_CONFIG_HEADER.strip()!r}), where the run's resolved config goes: move yours "
-                f"elsewhere (e.g. configs/) or choose another --train.out_dir"
-            )
-        checkpoint_path = self.run_dir / CHECKPOINT_NAME
-        if train.init_from == "resume":
-            if not checkpoint_path.exists():
-                raise UserError(
-                    f"train.init_from='resume' but there is no checkpoint at {checkpoint_path} "
-                    f"(check train.out_dir, or start the run with init_from='scratch')"
-                )
-            checkpoint = load_checkpoint(checkpoint_path)
-            if (self.run_dir / METRICS_NAME).is_file():
-                read_records(self.run_dir / METRICS_NAME)  # a damaged log is refused before anything is written
-            return checkpoint
-        if checkpoint_path.exists():
-            raise UserError(
-                f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}); continue it "
-                f"with --train.init_from=resume, or choose another --train.out_dir"
-            )
-        if (self.run_dir / METRICS_NAME).exists():
-            raise UserError(
-                f"train.out_dir={train.out_dir!r} holds the {METRICS_NAME} of a run that wrote no checkpoint; "
-                f"delete that directory or choose another --train.out_dir"
-            )
-        return None
-
-    def _restore(self, checkpoint: dict) -> None:
-        self.parallel.load_state_dicts(self.optimizer, checkpoint["model"], checkpoint["optimizer"])
-        if self.scaler.is_enabled() and checkpoint["scaler"]:
-            # a run saved in another precision has no scale to restore: the new scaler starts afresh
-            self.scaler.load_state_dict(checkpoint["scaler"])
-        self.step = checkpoint["step"]
-        self.wandb_run_id = checkpoint["wandb_run_id"] or None
-        saved_rng = checkpoint["rng"]
-        if len(saved_rng) == self.world.size:
-            self._set_rng_state(saved_rng[self.world.rank])
-            return
-        # another number of processes: no state to give each one, so seed afresh, apart from the
-        # seeds the run has used
-        seed = self.cfg.train.seed + self.step * self.world.size + self.world.rank
-        torch.manual_seed(seed)
-        self.batches = self._train_windows(seed)
-        self.objective = Objective(self.cfg.model, seed)
-        self._print(
-            f"the checkpoint was written by {len(saved_rng)} process(es), this run has {self.world.size}: "
-            f"batches and dropout follow new seeds, so the run will not repeat an uninterrupted one exactly"
         )
 
     def _print_summary(self, resumed: bool) -> None:
@@ -497,7 +364,7 @@ class Trainer:
         self._print(
             f"{start}: {self.model.num_params() / 1e6:.2f}M parameters, {self.device.type} "
             f"{str(self.dtype).removeprefix('torch.')}, dataset {cfg.data.dataset} "
-            f"({self.dataset.meta['train_tokens']:,} train tokens), run directory {self.run_dir}"
+            f"({self.dataset.meta['train_tokens']:,} train tokens), run directory {self.run_dir.path}"
         )
         accumulation = cfg.train.gradient_accumulation_steps
         parallel = f", {world.size} processes ({self.parallel.mode}) running {accumulation // world.size} each"
@@ -515,86 +382,9 @@ class Trainer:
         if self.device.type == "cuda" and gpu_peak_flops(self.device) is None:
             self._print(f"no peak FLOPs known for {torch.cuda.get_device_name(self.device)}: metrics.jsonl gets no mfu")
 
-
-class StopSignals:
-    """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
-    stop: the handler only sets a flag, which the loop reads after every step (`requested`) and an
-    evaluation after every batch (`during_evaluation`); the run then writes the checkpoint of its
-    last finished step and returns. A second Ctrl-C interrupts at once.
-
-    An evaluation that a stop interrupts is left unfinished (no record): a preemption's grace period
-    (often 30 s) may be shorter than the evaluation of a large model. A resumed run does it first.
-
-    A single process reads its own flag, a Python attribute: free. Under torchrun the processes must
-    stop at the same step, or evaluation batch, and agreeing takes an all-reduce (on CUDA a host
-    sync, which would stall the queue of GPU work if done every step). So they agree about every
-    STOP_POLL_SECONDS (`_Agreement`)."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self, world: World, device: torch.device, step: int):
-        self.world, self.device = world, device
-        self.signal: int | None = None
-        self.agreed: int | None = None  # the signal the processes last agreed to stop on
-        self.training = _Agreement(self, step)
-
-    def __enter__(self) -> "StopSignals":
-        self.previous = {signum: signal.signal(signum, self._request) for signum in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
-
-    def requested(self, step: int) -> int | None:
-        """The signal to stop on after this step (the same in every process), or None to go on."""
-        return self.training.requested(step)
-
-    def during_evaluation(self) -> "_Agreement":
-        """The agreement for one evaluation: its `requested(batches)` after each batch."""
-        return _Agreement(self, 0)
-
-    def _request(self, signum: int, frame) -> None:
-        # no printing here: the signal may arrive in the middle of another write to the terminal
-        self.signal = signum
-        signal.signal(signal.SIGINT, self.previous[signal.SIGINT])
-
-
-class _Agreement:
-    """When the processes under torchrun next share their stop flags, counting steps (or evaluation
-    batches): each all-reduce also shares the slowest process's time per unit, from which every
-    process computes the same next count to meet at, about STOP_POLL_SECONDS later (the next one,
-    while a unit takes longer than that)."""
-
-    def __init__(self, stop: StopSignals, count: int):
-        self.stop = stop
-        self.next_poll = self.last_poll = count
-        self.last_poll_time = time.monotonic()
-
-    def requested(self, count: int) -> int | None:
-        """The signal to stop on after `count` units (the same in every process), or None to go on."""
-        stop = self.stop
-        if not stop.world.launched:
-            stop.agreed = stop.signal
-            return stop.agreed
-        if count < self.next_poll:
-            return None
-        now = time.monotonic()
-        seconds_per_unit = (now - self.last_poll_time) / max(count - self.last_poll, 1)
-        signum, seconds_per_unit = stop.world.max([float(stop.signal or 0), seconds_per_unit], stop.device)
-        self.next_poll = count + max(1, round(STOP_POLL_SECONDS / max(seconds_per_unit, 1e-9)))
-        self.last_poll, self.last_poll_time = count, now
-        stop.agreed = int(signum) or None  # SIGTERM wins over SIGINT if processes got different ones
-        return stop.agreed
-
-
-def _check_accumulation(train: TrainConfig, world_size: int) -> None:
-    if train.gradient_accumulation_steps % world_size != 0:
-        raise UserError(
-            f"train.gradient_accumulation_steps={train.gradient_accumulation_steps} does not divide among the "
-            f"{world_size} processes torchrun started: it counts the micro-batches of one optimizer step over all "
-            f"processes (use a multiple of {world_size})"
-        )
+    def _print(self, text: str) -> None:
+        if self.world.is_main:
+            print(text)
 
 
 def _check_init_from(init_from: str) -> None:
@@ -609,26 +399,13 @@ def _check_init_from(init_from: str) -> None:
     )
 
 
-def _check_fits_in_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int) -> None:
-    """Refuse, before building anything, a model or a micro-batch that cannot fit: what is counted
-    here is needed whatever else the run holds."""
-    model = cfg.model
-    params = model.num_params()
-    check_fits_in_memory(
-        16 * params // shards,  # float32 weights, gradients and AdamW's two moments: 4 bytes each
-        device,
-        f"a model of {params:,} parameters (model.n_layer={model.n_layer}, n_embd={model.n_embd}, "
-        f"vocab_size={model.vocab_size}, block_size={model.block_size}) and its gradients and optimizer state",
-        "choose smaller model.n_layer, n_embd or vocab_size",
-    )
-    tokens = cfg.data.batch_size * model.block_size
-    check_fits_in_memory(
-        tokens * model.vocab_size * dtype.itemsize,
-        device,
-        f"the logits of one micro-batch of data.batch_size={cfg.data.batch_size} x model.block_size="
-        f"{model.block_size} tokens",
-        "lower data.batch_size and raise train.gradient_accumulation_steps to keep the tokens per step",
-    )
+def _check_accumulation(train: TrainConfig, world_size: int) -> None:
+    if train.gradient_accumulation_steps % world_size != 0:
+        raise UserError(
+            f"train.gradient_accumulation_steps={train.gradient_accumulation_steps} does not divide among the "
+            f"{world_size} processes torchrun started: it counts the micro-batches of one optimizer step over all "
+            f"processes (use a multiple of {world_size})"
+        )
 
 
 def _with_dataset_vocab(cfg: Config, dataset_vocab: int) -> Config:
@@ -659,34 +436,23 @@ def _with_document_separator(cfg: Config, dataset_meta: dict) -> Config:
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, eot_token=eot_token))
 
 
-def _check_resumable(checkpoint: dict, cfg: Config, dataset_meta: dict, run_dir: Path) -> None:
-    """The model, the optimizer and the tokenizer must be those of the run being resumed."""
-    saved_model = checkpoint["config"].get("model", {})
-    defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
-    for key, value in config_to_dict(cfg)["model"].items():
-        saved = saved_model.get(key, defaults[key])
-        if saved != value:
-            raise UserError(
-                f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
-                f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
-            )
-    saved_optimizer = checkpoint["config"].get("optim", {}).get("optimizer", "adamw")  # older runs: AdamW
-    if saved_optimizer != cfg.optim.optimizer:
-        raise UserError(
-            f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with {saved_optimizer!r}, "
-            f"whose state does not carry over (resume with the run's own config: --config {run_dir / 'config.toml'})"
-        )
-    saved_dataset = checkpoint["dataset"]
-    for key in ("tokenizer", "vocab_size"):
-        if saved_dataset.get(key) != dataset_meta.get(key):
-            raise UserError(
-                f"the dataset's {key} is {dataset_meta.get(key)!r} but the run in {run_dir} was trained "
-                f"with {saved_dataset.get(key)!r} (resume with the run's own dataset)"
-            )
-    if vocabulary_fingerprint(dataset_meta) != vocabulary_fingerprint(saved_dataset):
-        raise UserError(
-            f"data.dataset={cfg.data.dataset!r} has the run's {dataset_meta['tokenizer']} vocabulary size "
-            f"({dataset_meta['vocab_size']}) but its token ids stand for other text than those the run in {run_dir} "
-            f"was trained on (vocabulary {vocabulary_fingerprint(dataset_meta)}, the run's "
-            f"{vocabulary_fingerprint(saved_dataset)}): resume with the run's own dataset"
-        )
+def _check_fits_in_memory(cfg: Config, device: torch.device, dtype: torch.dtype, shards: int) -> None:
+    """Refuse, before building anything, a model or a micro-batch that cannot fit: what is counted
+    here is needed whatever else the run holds."""
+    model = cfg.model
+    params = model.num_params()
+    check_fits_in_memory(
+        16 * params // shards,  # float32 weights, gradients and AdamW's two moments: 4 bytes each
+        device,
+        f"a model of {params:,} parameters (model.n_layer={model.n_layer}, n_embd={model.n_embd}, "
+        f"vocab_size={model.vocab_size}, block_size={model.block_size}) and its gradients and optimizer state",
+        "choose smaller model.n_layer, n_embd or vocab_size",
+    )
+    tokens = cfg.data.batch_size * model.block_size
+    check_fits_in_memory(
+        tokens * model.vocab_size * dtype.itemsize,
+        device,
+        f"the logits of one micro-batch of data.batch_size={cfg.data.batch_size} x model.block_size="
+        f"{model.block_size} tokens",
+        "lower data.batch_size and raise train.gradient_accumulation_steps to keep the tokens per step",
+    )

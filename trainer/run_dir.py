@@ -1,0 +1,160 @@
+"""The run directory (train.out_dir): one writer at a time, what may be resumed or overwritten, and
+the files a run keeps there. Rank 0 holds train.lock from the moment the trainer is built until
+the run ends; it writes config.toml (the resolved config) and metrics.jsonl; the checkpoint, ckpt.pt,
+is written by trainer/checkpoint.py. Nothing here overwrites a run or a file the trainer did not write.
+"""
+
+from pathlib import Path
+
+from data.files import FileLock, atomic_open, check_writable_dir
+from data.tokenizer import vocabulary_fingerprint
+from errors import UserError
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from trainer.config import (
+    RUN_CONFIG_HEADER,
+    RUN_CONFIG_NAME,
+    Config,
+    TrainConfig,
+    config_to_dict,
+    is_run_config,
+    run_config_toml,
+)
+from trainer.distributed import World
+from trainer.metrics import METRICS_NAME, MetricsLog, read_metrics, read_records
+
+LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
+
+
+class RunDir:
+    """train.out_dir of one run, locked on construction (rank 0 holds the lock, every process
+    learns whether it got it) until `release` or `abandon`."""
+
+    def __init__(self, train: TrainConfig, world: World):
+        self.train, self.world = train, world
+        self.path = Path(train.out_dir)
+        self.lock = self._lock()
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.path / CHECKPOINT_NAME
+
+    def _lock(self) -> FileLock:
+        """One writer per run directory: rank 0 holds out_dir/train.lock until the run ends, and a
+        second training or resume of the same directory is refused, naming the process that holds it."""
+        check_writable_dir(self.path, "train.out_dir")
+        lock = FileLock(self.path / LOCK_NAME)
+        holder = None
+        self.created = False
+        if self.world.is_main:
+            self.created = not self.path.exists()
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+                holder = lock.acquire()
+            except OSError as e:
+                raise UserError(
+                    f"train.out_dir={self.train.out_dir!r} cannot be written ({e.strerror}): choose a directory you "
+                    f"can write"
+                ) from None
+        holder = self.world.gather(holder)[0]  # every process learns rank 0's answer
+        if holder is not None:
+            raise UserError(
+                f"train.out_dir={self.train.out_dir!r} is in use by another training ({holder}): wait for it to end "
+                f"or stop it, or choose another --train.out_dir"
+            )
+        return lock
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def abandon(self) -> None:
+        """Release the run directory of a run that did not start, leaving no trace of it."""
+        self.release()
+        if self.created and not any(self.path.iterdir()):
+            self.path.rmdir()
+
+    def open(self) -> dict | None:
+        """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
+        train = self.train
+        config_path = self.path / RUN_CONFIG_NAME
+        if config_path.exists() and not is_run_config(config_path):
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} holds a {RUN_CONFIG_NAME} that train.py did not write (its first "
+                f"line is not {RUN_CONFIG_HEADER.strip()!r}), where the run's resolved config goes: move yours "
+                f"elsewhere (e.g. configs/) or choose another --train.out_dir"
+            )
+        if train.init_from == "resume":
+            if not self.checkpoint_path.exists():
+                raise UserError(
+                    f"train.init_from='resume' but there is no checkpoint at {self.checkpoint_path} "
+                    f"(check train.out_dir, or start the run with init_from='scratch')"
+                )
+            checkpoint = load_checkpoint(self.checkpoint_path)
+            if (self.path / METRICS_NAME).is_file():
+                read_records(self.path / METRICS_NAME)  # a damaged log is refused before anything is written
+            return checkpoint
+        if self.checkpoint_path.exists():
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}); continue it "
+                f"with --train.init_from=resume, or choose another --train.out_dir"
+            )
+        if (self.path / METRICS_NAME).exists():
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} holds the {METRICS_NAME} of a run that wrote no checkpoint; "
+                f"delete that directory or choose another --train.out_dir"
+            )
+        return None
+
+    def check_resumable(self, checkpoint: dict, cfg: Config, dataset_meta: dict) -> None:
+        """The model, the optimizer and the tokenizer must be those of the run being resumed."""
+        run_dir = self.path
+        saved_model = checkpoint["config"].get("model", {})
+        defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
+        for key, value in config_to_dict(cfg)["model"].items():
+            saved = saved_model.get(key, defaults[key])
+            if saved != value:
+                raise UserError(
+                    f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
+                    f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
+                )
+        saved_optimizer = checkpoint["config"].get("optim", {}).get("optimizer", "adamw")  # older runs: AdamW
+        if saved_optimizer != cfg.optim.optimizer:
+            raise UserError(
+                f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with "
+                f"{saved_optimizer!r}, whose state does not carry over (resume with the run's own config: "
+                f"--config {run_dir / 'config.toml'})"
+            )
+        saved_dataset = checkpoint["dataset"]
+        for key in ("tokenizer", "vocab_size"):
+            if saved_dataset.get(key) != dataset_meta.get(key):
+                raise UserError(
+                    f"the dataset's {key} is {dataset_meta.get(key)!r} but the run in {run_dir} was trained "
+                    f"with {saved_dataset.get(key)!r} (resume with the run's own dataset)"
+                )
+        if vocabulary_fingerprint(dataset_meta) != vocabulary_fingerprint(saved_dataset):
+            raise UserError(
+                f"data.dataset={cfg.data.dataset!r} has the run's {dataset_meta['tokenizer']} vocabulary size "
+                f"({dataset_meta['vocab_size']}) but its token ids stand for other text than those the run in "
+                f"{run_dir} was trained on (vocabulary {vocabulary_fingerprint(dataset_meta)}, the run's "
+                f"{vocabulary_fingerprint(saved_dataset)}): resume with the run's own dataset"
+            )
+
+    def open_log(self, cfg: Config, resume_step: int | None, wandb_run_id: str | None) -> MetricsLog | None:
+        """Rank 0 writes config.toml and metrics.jsonl and talks to wandb; other processes log nothing.
+        resume_step: the checkpoint's step, whose later records the resumed run logs again."""
+        if not self.world.is_main:
+            return None
+        self.path.mkdir(parents=True, exist_ok=True)
+        with atomic_open(self.path / RUN_CONFIG_NAME) as f:
+            f.write(run_config_toml(cfg).encode("utf-8"))
+        return MetricsLog(self.path, cfg.wandb, config_to_dict(cfg), resume_step, wandb_run_id)
+
+    def evaluation_pending(self, step: int) -> bool:
+        """Whether the checkpoint's step is an evaluation step whose evaluation a stop cut short (its
+        metrics.jsonl holds none), for the resumed run to do first. Rank 0 reads the log; every
+        process learns its answer."""
+        pending = None
+        if self.world.is_main:
+            evaluated = [r for r in read_metrics(self.path / METRICS_NAME) if "val_loss" in r]
+            at_interval = step % self.train.eval_interval == 0
+            pending = at_interval and not any(r["step"] == step for r in evaluated)
+        return self.world.gather(pending)[0]
