@@ -266,7 +266,6 @@ CATALOGUE = [
     Case("document-positions-without-documents", "train.py", [*TRAIN, "--model.attn_document_positions"], "model.attn_document_positions=true restarts positions at each document, but attn_documents=false marks no documents (set attn_documents=true as well"),
     Case("negative-weight-decay", "train.py", [*TRAIN, "--optim.weight_decay", "-1"], "optim.weight_decay=-1.0 must be 0 or more"),
     Case("min-lr-above-peak", "train.py", [*TRAIN, "--optim.min_lr=0.1"], "optim.min_lr=0.1 must be between 0 and learning_rate"),
-    Case("run-shorter-than-its-warmup", "train.py", [*TRAIN, "--optim.lr_decay_iters=0", "--optim.warmup_iters=30"], "optim.lr_decay_iters=20 must be at least warmup_iters=30; lr_decay_iters, left at 0, follows train.max_iters=20: a run this short needs a shorter optim.warmup_iters (0 for none)"),
     Case("model-too-large-for-memory", "train.py", [*TRAIN, "--model.n_embd=1000000000", "--model.n_head=1"], "a model of 24,000,000,125,000,000,000 parameters (model.n_layer=2, n_embd=1000000000"),
     Case("micro-batch-too-large-for-memory", "train.py", [*TRAIN, f"--data.batch_size={10**12}"], f"the logits of one micro-batch of data.batch_size={10**12} x model.block_size=32 tokens need at least"),
     Case("seed-too-large-to-represent", "train.py", [*TRAIN, f"--train.seed={2**70}"], f"train.seed={2**70} is too large: a config integer is at most 2**63 - 1"),

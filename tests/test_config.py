@@ -15,6 +15,7 @@ from trainer.config import (
     field_comments,
     idle_keys,
     load_config,
+    unfinished_schedule,
 )
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -174,22 +175,26 @@ def test_a_saved_config_keeps_the_decay_it_resolved(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "max_iters,message",
+    "max_iters,decay_ends,where",
     [
-        (40, r"optim.lr_decay_iters=40 must be at least warmup_iters=50; lr_decay_iters, left at 0, follows "
-             r"train.max_iters=40: a run this short needs a shorter optim.warmup_iters \(0 for none\)$"),
-        (80, r"optim.cooldown_frac=0.5 starts the decay at step 40 of lr_decay_iters=80, before warmup_iters=50 ends "
-             r".*lr_decay_iters, left at 0, follows train.max_iters=80"),
+        (40, 50, "inside its warmup of optim.warmup_iters=50 steps"),  # cosine: the decay cannot end before warmup
+        (80, 100, "before its decay to min_lr ends at optim.lr_decay_iters=100"),  # wsd: the decay starts at 50
     ],
-)  # fmt: skip
-def test_a_run_too_short_for_its_warmup_is_refused_naming_max_iters(max_iters, message):
-    """Cutting the warmup to fit, or training all the run below learning_rate, would not be the
-    recipe the config names: the run is refused, saying which key to shorten."""
+)
+def test_a_run_too_short_for_its_warmup_keeps_its_recipe_and_says_so(max_iters, decay_ends, where):
+    """Shortening a run for a quick try takes one override: the warmup is not cut to fit nor the run
+    refused; the decay is placed at the shortest length the recipe allows and a note says where the
+    schedule stands at the last step."""
     quickstart = str(PROJECT_ROOT / "configs" / "shakespeare_char.toml")  # warmup 50, wsd cooldown 0.5
-    with pytest.raises(ConfigError, match=message):
-        load_config(quickstart, [f"--train.max_iters={max_iters}"])
-    short = load_config(quickstart, [f"--train.max_iters={max_iters}", "--optim.warmup_iters=0"])
-    assert short.optim.lr_decay_iters == max_iters
+    schedule = "cosine" if max_iters == 40 else "wsd"
+    cfg = load_config(quickstart, [f"--train.max_iters={max_iters}", f"--optim.schedule={schedule}"])
+    assert cfg.optim.warmup_iters == 50 and cfg.optim.lr_decay_iters == decay_ends
+    assert unfinished_schedule(cfg) == (
+        f"the run ends at train.max_iters={max_iters}, {where}; a shorter optim.warmup_iters (0 for none) "
+        "fits the whole schedule in the run"
+    )
+    fits = load_config(quickstart, [f"--train.max_iters={max_iters}", "--optim.warmup_iters=0"])
+    assert fits.optim.lr_decay_iters == max_iters and unfinished_schedule(fits) is None
 
 
 @pytest.mark.parametrize("decay,lr", [("weight_decay", "learning_rate"), ("muon_weight_decay", "muon_lr")])

@@ -323,8 +323,7 @@ def test_prepared_jsonl_trains_from_the_command_line(tmp_path):
     assert "wrote prepared/corpus:" in result.stdout and "from 40 documents" in result.stdout
     result = run_script("train.py", "--config", "configs/shakespeare_char.toml", "--data.dataset=corpus",
                         f"--data.data_dir={tmp_path / 'prepared'}", f"--train.out_dir={tmp_path / 'run'}",
-                        "--model.block_size=32", "--train.max_iters=2", "--optim.warmup_iters=0",
-                        "--train.eval_iters=1")  # fmt: skip
+                        "--model.block_size=32", "--train.max_iters=2", "--train.eval_iters=1")  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "bits per byte" in result.stdout + result.stderr
     evaluation = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])

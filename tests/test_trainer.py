@@ -272,13 +272,16 @@ def test_a_token_key_must_name_a_token_of_the_dataset_not_only_of_the_padded_mod
     assert not (tmp_path / "b").exists()
 
 
-def test_the_run_names_its_settings_that_do_nothing_in_one_notice(tmp_path, data_dir, capsys):
+def test_the_run_names_its_idle_settings_and_an_unfinished_schedule_in_notes(tmp_path, data_dir, capsys):
+    # tiny_config warms up over 2 steps: a 1-step run ends inside the warmup
     cfg = tiny_config(tmp_path / "run", data_dir, optim__muon_lr=0.05, optim__muon_ns_steps=3, train__max_iters=1)
     Trainer(cfg).fit()
     notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note:")]
     assert notes == [
         "note: these settings do nothing in this run: optim.muon_lr=0.05, optim.muon_ns_steps=3 "
-        "(only with optim.optimizer='muon')"
+        "(only with optim.optimizer='muon')",
+        "note: the run ends at train.max_iters=1, inside its warmup of optim.warmup_iters=2 steps; a shorter "
+        "optim.warmup_iters (0 for none) fits the whole schedule in the run",
     ]
 
 

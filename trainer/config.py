@@ -63,6 +63,7 @@ class OptimConfig:
     schedule: str = "cosine"  # after warmup: "cosine" decay to min_lr, or "wsd" (stable, then linear decay)
     warmup_iters: int = 2000  # steps of linear warmup up to learning_rate; at most lr_decay_iters
     lr_decay_iters: int = 0  # step at which the decay reaches min_lr; 0 = train.max_iters, the run's last step
+    # (a run shorter than its warmup keeps the recipe: the decay ends past the run, and a note says so)
     cooldown_frac: float = 0.2  # wsd: the last fraction of lr_decay_iters, spent decaying linearly to min_lr
     weight_decay: float = 0.1  # AdamW weight decay, applied to 2-D+ parameters only
     beta1: float = 0.9  # AdamW decay rate of the gradient's running mean
@@ -121,17 +122,19 @@ class OptimConfig:
             )
 
     def decaying_until(self, max_iters: int) -> "OptimConfig":
-        """This section with an lr_decay_iters of 0 resolved to max_iters, the run's length; the
-        section's checks then hold for that number, and their message says where it came from."""
+        """This section with an lr_decay_iters of 0 resolved to max_iters, so the decay ends at the
+        run's last step. A run shorter than its recipe's warmup (or than a wsd schedule whose decay
+        starts after the warmup) keeps the recipe: its decay is placed at the shortest length the
+        recipe allows, past the run's end, and unfinished_schedule names what the run leaves out,
+        so shortening a run for a quick try takes one override, not two."""
         if self.lr_decay_iters:
             return self
-        try:
-            return dataclasses.replace(self, lr_decay_iters=max_iters)
-        except ValueError as e:
-            raise ValueError(
-                f"optim.{e}; lr_decay_iters, left at 0, follows train.max_iters={max_iters}: a run this short "
-                f"needs a shorter optim.warmup_iters (0 for none)"
-            ) from None
+        length = max(max_iters, self.warmup_iters)
+        if self.schedule == "wsd" and self.cooldown_frac < 1:
+            length = max(length, math.ceil(self.warmup_iters / (1 - self.cooldown_frac)))
+            while length - round(self.cooldown_frac * length) < self.warmup_iters:  # round() may take a step
+                length += 1
+        return dataclasses.replace(self, lr_decay_iters=length)
 
     @property
     def wsd_decay_start(self) -> int:
@@ -278,6 +281,23 @@ def idle_keys(cfg: Config) -> str | None:
         return None
     return "these settings do nothing in this run: " + "; ".join(
         f"{', '.join(keys)} (only with {needs})" for needs, keys in idle.items()
+    )
+
+
+def unfinished_schedule(cfg: Config) -> str | None:
+    """One line saying where the learning-rate schedule stands at the run's last step when the run
+    ends before the decay reaches min_lr (a run shortened below its warmup, or an lr_decay_iters
+    set past max_iters), or None."""
+    optim, steps = cfg.optim, cfg.train.max_iters
+    if optim.lr_decay_iters <= steps:
+        return None
+    if steps < optim.warmup_iters:
+        where = f"inside its warmup of optim.warmup_iters={optim.warmup_iters} steps"
+    else:
+        where = f"before its decay to min_lr ends at optim.lr_decay_iters={optim.lr_decay_iters}"
+    return (
+        f"the run ends at train.max_iters={steps}, {where}; a shorter optim.warmup_iters (0 for none) "
+        f"fits the whole schedule in the run"
     )
 
 

@@ -17,7 +17,15 @@ from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from trainer.checkpoint import FORMAT_VERSION, check_weights, restore_rng_state, rng_state, save_checkpoint
-from trainer.config import INIT_FROM, Config, TrainConfig, check_token_keys, config_to_dict, idle_keys
+from trainer.config import (
+    INIT_FROM,
+    Config,
+    TrainConfig,
+    check_token_keys,
+    config_to_dict,
+    idle_keys,
+    unfinished_schedule,
+)
 from trainer.distributed import ParallelModel, World
 from trainer.evaluate import TaskResult, evaluate_task, load_tasks, metrics_record, summary_lines
 from trainer.metrics import Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
@@ -372,9 +380,9 @@ class Trainer:
             f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
             f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
         )
-        idle = idle_keys(cfg)
-        if idle is not None:
-            self._print(f"note: {idle}")
+        for note in (idle_keys(cfg), unfinished_schedule(cfg)):
+            if note is not None:
+                self._print(f"note: {note}")
         if cfg.train.parallelism == "fsdp" and not world.launched:
             self._print("train.parallelism='fsdp' applies under torchrun; this single process trains the whole model")
         if cfg.train.compile:
