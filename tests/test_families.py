@@ -201,24 +201,27 @@ def test_exported_model_loads_in_transformers_and_computes_the_same(key, tmp_pat
         assert state[name].dtype == tensor.dtype and torch.equal(state[name], tensor), name
 
 
+@pytest.mark.parametrize("head_dim", [0, 24], ids=["heads-n_embd-over-n_head", "wide-heads"])
 @pytest.mark.parametrize("name", CONVERSIONS)
-def test_each_tensor_conversion_round_trips_bit_for_bit(name):
-    config = tiny_model(VOCAB, 48, pos_emb="rope", mlp="swiglu", n_kv_head=1, mlp_width=40).config
-    sizes = {"fused_qkv": config.n_embd + 2 * config.head_dim, "fused_gate_up": 2 * config.mlp_hidden}
-    tensor = torch.randn(sizes.get(name, config.head_dim), config.n_embd)
+def test_each_tensor_conversion_round_trips_bit_for_bit(name, head_dim):
+    config = tiny_model(VOCAB, 48, pos_emb="rope", mlp="swiglu", n_kv_head=1, mlp_width=40, head_dim=head_dim).config
+    D = config.head_size
+    sizes = {"fused_qkv": (config.n_head + 2) * D, "fused_gate_up": 2 * config.mlp_hidden}
+    tensor = torch.randn(sizes.get(name, D), config.n_embd)
     if name == "per_head":
-        tensor = torch.randn(config.head_dim)
+        tensor = torch.randn(D)
     conversion = CONVERSIONS[name]
     theirs = conversion.to_theirs(tensor, config, 3)
     assert torch.equal(conversion.to_ours(theirs, config), tensor)
 
 
-def test_fused_qkv_splits_into_queries_keys_values_in_that_order():
-    model = tiny_model(VOCAB, 48, n_kv_head=1)
+@pytest.mark.parametrize("head_dim", [0, 24], ids=["heads-n_embd-over-n_head", "wide-heads"])
+def test_fused_qkv_splits_into_queries_keys_values_in_that_order(head_dim):
+    model = tiny_model(VOCAB, 48, n_kv_head=1, head_dim=head_dim)
     weight = model.transformer.h[0].attn.c_attn.weight
     q, k, v = CONVERSIONS["fused_qkv"].to_theirs(weight, model.config, 3)
-    C, kv = model.config.n_embd, model.config.head_dim
-    assert torch.equal(q, weight[:C]) and torch.equal(k, weight[C : C + kv]) and torch.equal(v, weight[C + kv :])
+    Q, kv = model.config.n_head * model.config.head_size, model.config.head_size  # 2 query heads, 1 key/value head
+    assert torch.equal(q, weight[:Q]) and torch.equal(k, weight[Q : Q + kv]) and torch.equal(v, weight[Q + kv :])
 
 
 def test_per_head_norms_that_differ_are_refused(tmp_path):
@@ -250,6 +253,7 @@ EXPORT_REFUSALS = {
     "gpt2-with-grouped-query": ({"n_kv_head": 1}, r"model.n_kv_head \(fewer key/value heads than query heads\) with this model's other switches is computed by no Hugging Face family: the nearest, gpt2, needs model.n_kv_head=0$"),
     "qk-norm-with-rmsnorm-and-bias": ({"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True}, r"model.qk_norm=true with this model's other switches .* the nearest, llama, needs model.qk_norm=false$"),
     "window-with-gpt2": ({"attn_window": 8}, r"model.attn_window=8 with .* the nearest, gpt2, needs model.attn_window=0$"),
+    "wide-heads": ({"head_dim": 32}, r"model.head_dim=32 is computed by no Hugging Face family .*only a model with model.head_dim=0 exports$"),
 }  # fmt: skip
 
 
