@@ -223,7 +223,7 @@ FAMILIES = (
     Family(
         model_type="llama",
         architecture="LlamaForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": (0,), "bias": ANY,
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": ANY,
                   "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "bias": ("attention_bias", "mlp_bias")},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "mlp_bias": False,
@@ -234,7 +234,7 @@ FAMILIES = (
     Family(
         model_type="qwen3",
         architecture="Qwen3ForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "head_dim": (0,), "bias": (False,),
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "head_dim": ANY, "bias": (False,),
                   "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps"},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False},
@@ -260,7 +260,7 @@ FAMILIES = (
     Family(
         model_type="mistral",
         architecture="MistralForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": (0,), "bias": (False,),
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": (False,),
                   "attn_window": ANY, **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "attn_window": "sliding_window"},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "sliding_window": None},
@@ -414,6 +414,7 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         )
     computed = {s: family.computes[s][0] for s in ("pos_emb", "norm", "mlp") if family.computes[s] is not ANY}
     qk_norm = values.get("qk_norm", family.computes["qk_norm"] and family.computes["qk_norm"][0])
+    head_size = values.get("head_size")  # None: the family's heads are n_embd / n_head wide
     config = GPTConfig(
         n_layer=values["n_layer"],
         n_head=values["n_head"],
@@ -427,6 +428,7 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         norm_eps=float(values["norm_eps"]),
         qk_norm=bool(qk_norm),
         n_kv_head=0 if values["kv_heads"] == values["n_head"] else values["kv_heads"],
+        head_dim=0 if head_size is None or head_size * values["n_head"] == values["n_embd"] else head_size,
         tie_embeddings=values.get("tie_embeddings", True),
         attn_window=values.get("attn_window") or 0,
     )
@@ -470,14 +472,13 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
         values[setting] = found[0][1]
         _check_type(setting, *found[0], source)
     values["kv_heads"] = values.get("kv_heads") or values["n_head"]
-    if (
-        values.get("head_size") not in (None, values["n_embd"] // values["n_head"])
-        or values["n_embd"] % values["n_head"]
-    ):
-        key = family.keys.get("head_size", "head_dim")
+    if values.get("head_size") is None and "head_size" in family.keys:
+        values["head_size"] = values["n_embd"] // values["n_head"]  # as transformers' config classes take it
+    elif values.get("head_size") is None and values["n_embd"] % values["n_head"]:
+        width, heads = family.keys["n_embd"], family.keys["n_head"]
         raise ValueError(
-            f"{source} sets {key}={values.get('head_size')!r} with hidden size {values['n_embd']} and "
-            f"{values['n_head']} heads; this model's heads are hidden size / heads wide"
+            f"{source} sets {width}={values['n_embd']} and {heads}={values['n_head']}, which does not divide it: "
+            f"a {family.model_type} model's heads are {width} / {heads} wide"
         )
     if values.get("mlp_hidden") is None:
         values["mlp_hidden"] = 4 * values["n_embd"]  # GPT-2's n_inner: null
