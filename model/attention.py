@@ -110,13 +110,17 @@ def no_rotation(x: torch.Tensor) -> torch.Tensor:
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with GPT-2's parameter layout (c_attn, c_proj).
 
-    n_kv_head: key/value heads (0 = n_head; 1 = multi-query). qk_norm: builds the normalisation of
-    one head's queries or keys from its size (head_dim); None leaves them as they are."""
+    head_dim: the width of one head; n_head * head_dim is n_embd in GPT-2, but may be more or less
+    (Qwen3-0.6B: 16 heads of 128 over a residual stream of 1024): c_attn projects n_embd to the
+    heads and c_proj projects them back. n_kv_head: key/value heads (0 = n_head; 1 = multi-query).
+    qk_norm: builds the normalisation of one head's queries or keys from its size (head_dim); None
+    leaves them as they are."""
 
     def __init__(
         self,
         n_embd: int,
         n_head: int,
+        head_dim: int,
         dropout: float,
         bias: bool,
         layer_idx: int,
@@ -126,10 +130,12 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head = n_head
         self.n_kv_head = n_kv_head or n_head
-        head_dim = n_embd // n_head
+        self.head_dim = head_dim
+        self.q_dim = n_head * head_dim
         self.kv_dim = self.n_kv_head * head_dim
-        self.c_attn = nn.Linear(n_embd, n_embd + 2 * self.kv_dim, bias=bias)  # query, key, value for all heads
-        self.c_proj = nn.Linear(n_embd, n_embd, bias=bias)
+        # query, key, value for all heads, one after the other
+        self.c_attn = nn.Linear(n_embd, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.c_proj = nn.Linear(self.q_dim, n_embd, bias=bias)
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.resid_dropout = nn.Dropout(dropout)
@@ -152,8 +158,8 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, kv_len, D)
         y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        y = y.transpose(1, 2).contiguous().view(B, T, self.q_dim)  # (B, T, H * D)
+        return self.resid_dropout(self.c_proj(y))  # (B, T, C)
 
     def heads(
         self, x: torch.Tensor, rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation
@@ -161,9 +167,8 @@ class CausalSelfAttention(nn.Module):
         """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised as the
         layer was built to, queries and keys then rotated. rotate: as for forward."""
         B, T, C = x.shape
-        H, Hkv = self.n_head, self.n_kv_head
-        D = C // H
-        q, k, v = self.c_attn(x).split([C, self.kv_dim, self.kv_dim], dim=2)
+        H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
+        q, k, v = self.c_attn(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=2)
         # normalised and rotated in the (B, T, heads, D) layout the projection leaves them in, where
         # each (T, D) row is contiguous (measured faster on a CPU than after the transpose)
         q = rotate(self.q_norm(q.view(B, T, H, D))).transpose(1, 2)  # (B, H, T, D)

@@ -37,9 +37,10 @@ class Conversion:
 
 
 def split_qkv(tensor: torch.Tensor, config: GPTConfig, count: int = 3) -> list[torch.Tensor]:
-    """c_attn's weight (C + 2 * kv_dim, C) or bias (C + 2 * kv_dim,) -> q, k and v rows."""
-    kv_dim = config.kv_heads * config.head_dim
-    return list(tensor.split([config.n_embd, kv_dim, kv_dim], dim=0))
+    """c_attn's weight (q_dim + 2 * kv_dim, C) or bias (q_dim + 2 * kv_dim,) -> q, k and v rows
+    (q_dim: n_head heads, kv_dim: kv_heads heads, each head_size wide)."""
+    q_dim, kv_dim = config.n_head * config.head_size, config.kv_heads * config.head_size
+    return list(tensor.split([q_dim, kv_dim, kv_dim], dim=0))
 
 
 def split_gate_up(tensor: torch.Tensor, config: GPTConfig, count: int = 2) -> list[torch.Tensor]:
@@ -110,12 +111,12 @@ class Family:
 
 # our settings a family's config.json carries; see resolved()
 SETTINGS = (
-    "n_layer", "n_head", "kv_heads", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden", "norm_eps",
+    "n_layer", "n_head", "kv_heads", "n_embd", "head_size", "block_size", "vocab_size", "mlp_hidden", "norm_eps",
     "rope_base", "tie_embeddings", "bias", "qk_norm", "attn_window",
 )  # fmt: skip
 # the switches that decide the family, with the model's value read by switches()
 SWITCHES = (
-    "pos_emb", "norm", "qk_norm", "mlp", "grouped_query", "tie_embeddings", "bias", "logit_softcap",
+    "pos_emb", "norm", "qk_norm", "mlp", "grouped_query", "head_dim", "tie_embeddings", "bias", "logit_softcap",
     "attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents", "attn_document_positions",
 )  # fmt: skip
 PLAIN = {"logit_softcap": (0.0,), "attn_sinks": (0,), "attn_prefix_lm": (False,), "attn_block": (0,)}
@@ -192,7 +193,7 @@ def _llama_weights(
 _ROPE_SWIGLU = {"pos_emb": ("rope",), "mlp": ("swiglu",), "grouped_query": ANY, "tie_embeddings": ANY}
 _LLAMA_KEYS = {
     "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "kv_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
+    "head_size": "head_dim",
     "n_embd": "hidden_size", "block_size": "max_position_embeddings", "vocab_size": "vocab_size",
     "mlp_hidden": "intermediate_size", "rope_base": "rope_theta", "tie_embeddings": "tie_word_embeddings",
 }  # fmt: skip
@@ -204,7 +205,8 @@ FAMILIES = (
         model_type="gpt2",
         architecture="GPT2LMHeadModel",
         computes={"pos_emb": ("learned",), "norm": ("layernorm",), "qk_norm": (False,), "mlp": ("gelu",),
-                  "grouped_query": (False,), "tie_embeddings": (True,), "bias": ANY, "attn_window": (0,), **PLAIN},
+                  "grouped_query": (False,), "head_dim": (0,), "tie_embeddings": (True,), "bias": ANY,
+                  "attn_window": (0,), **PLAIN},
         keys={"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions",
               "vocab_size": "vocab_size", "mlp_hidden": "n_inner", "norm_eps": "layer_norm_epsilon"},
         # GPT-2 124M's sizes where config.json leaves one out, as transformers' GPT2Config
@@ -221,7 +223,8 @@ FAMILIES = (
     Family(
         model_type="llama",
         architecture="LlamaForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "bias": ANY, "attn_window": (0,), **PLAIN},
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": ANY,
+                  "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "bias": ("attention_bias", "mlp_bias")},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "mlp_bias": False,
                   "pretraining_tp": 1, "rope_interleaved": False},
@@ -231,8 +234,8 @@ FAMILIES = (
     Family(
         model_type="qwen3",
         architecture="Qwen3ForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "bias": (False,), "attn_window": (0,),
-                  **PLAIN},
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "head_dim": ANY, "bias": (False,),
+                  "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps"},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False},
         fixed={**_LLAMA_FIXED, "attention_bias": False, "use_sliding_window": False},
@@ -242,9 +245,10 @@ FAMILIES = (
     Family(
         model_type="stablelm",
         architecture="StableLmForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("layernorm",), "qk_norm": ANY, "bias": (False,), "attn_window": (0,),
-                  **PLAIN},
-        keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "head_dim"}, "norm_eps": "layer_norm_eps",
+        # StableLM's config.json has no head_dim: its heads are hidden_size / num_attention_heads wide
+        computes={**_ROPE_SWIGLU, "norm": ("layernorm",), "qk_norm": ANY, "head_dim": (0,), "bias": (False,),
+                  "attn_window": (0,), **PLAIN},
+        keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "head_size"}, "norm_eps": "layer_norm_eps",
               "qk_norm": "qk_layernorm"},
         defaults={**_LLAMA_DEFAULTS, "layer_norm_eps": 1e-5, "use_qkv_bias": False, "qk_layernorm": False,
                   "use_parallel_residual": False, "partial_rotary_factor": 0.25},
@@ -256,8 +260,8 @@ FAMILIES = (
     Family(
         model_type="mistral",
         architecture="MistralForCausalLM",
-        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "bias": (False,), "attn_window": ANY,
-                  **PLAIN},
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": (False,),
+                  "attn_window": ANY, **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "attn_window": "sliding_window"},
         defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "sliding_window": None},
         fixed=_LLAMA_FIXED,
@@ -268,9 +272,11 @@ FAMILY_BY_TYPE = {family.model_type: family for family in FAMILIES}
 
 
 def switches(config: GPTConfig) -> dict[str, object]:
-    """The values of SWITCHES for a model: what decides which family computes it."""
-    values = {name: getattr(config, name) for name in SWITCHES if name != "grouped_query"}
-    return values | {"grouped_query": config.kv_heads < config.n_head}
+    """The values of SWITCHES for a model: what decides which family computes it. head_dim is 0 for
+    heads n_embd / n_head wide, however it is set: a family without a head_dim key computes those."""
+    values = {name: getattr(config, name) for name in SWITCHES if name not in ("grouped_query", "head_dim")}
+    own_width = config.n_head * config.head_size != config.n_embd
+    return values | {"grouped_query": config.kv_heads < config.n_head, "head_dim": config.head_size if own_width else 0}
 
 
 def resolved(config: GPTConfig) -> dict[str, object]:
@@ -289,6 +295,8 @@ def _setting(switch: str, value: object) -> str:
     """How a switch's value reads in a config: model.qk_norm=true."""
     if switch == "grouped_query":
         return "model.n_kv_head (fewer key/value heads than query heads)" if value else "model.n_kv_head=0"
+    if switch == "head_dim" and not value:
+        return "model.head_dim=0 (heads n_embd / n_head wide)"
     shown = str(value).lower() if isinstance(value, bool) else repr(value) if isinstance(value, str) else value
     return f"model.{switch}={shown}"
 
@@ -349,7 +357,7 @@ def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> di
 
 
 _ROPE_CONTAINERS = ("rope_parameters", "rope_scaling")  # where transformers 5 (and older files) keep RoPE's keys
-_SIZES = ("n_layer", "n_head", "kv_heads", "n_embd", "head_dim", "block_size", "vocab_size", "mlp_hidden")
+_SIZES = ("n_layer", "n_head", "kv_heads", "n_embd", "head_size", "block_size", "vocab_size", "mlp_hidden")
 
 
 def _flat(hf: dict) -> dict[str, tuple[str, object]]:
@@ -406,6 +414,7 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         )
     computed = {s: family.computes[s][0] for s in ("pos_emb", "norm", "mlp") if family.computes[s] is not ANY}
     qk_norm = values.get("qk_norm", family.computes["qk_norm"] and family.computes["qk_norm"][0])
+    head_size = values.get("head_size")  # None: the family's heads are n_embd / n_head wide
     config = GPTConfig(
         n_layer=values["n_layer"],
         n_head=values["n_head"],
@@ -419,6 +428,7 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         norm_eps=float(values["norm_eps"]),
         qk_norm=bool(qk_norm),
         n_kv_head=0 if values["kv_heads"] == values["n_head"] else values["kv_heads"],
+        head_dim=0 if head_size is None or head_size * values["n_head"] == values["n_embd"] else head_size,
         tie_embeddings=values.get("tie_embeddings", True),
         attn_window=values.get("attn_window") or 0,
     )
@@ -452,7 +462,7 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
                 found.append(flat[key])
             elif key in family.defaults:
                 found.append((key, family.defaults[key]))
-            elif setting in ("kv_heads", "head_dim", "mlp_hidden"):
+            elif setting in ("kv_heads", "head_size", "mlp_hidden"):
                 found.append((key, None))
             else:
                 raise ValueError(f"{source} lacks {key}: it is not a complete {family.model_type} config.json")
@@ -462,14 +472,13 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
         values[setting] = found[0][1]
         _check_type(setting, *found[0], source)
     values["kv_heads"] = values.get("kv_heads") or values["n_head"]
-    if (
-        values.get("head_dim") not in (None, values["n_embd"] // values["n_head"])
-        or values["n_embd"] % values["n_head"]
-    ):
-        key = family.keys.get("head_dim", "head_dim")
+    if values.get("head_size") is None and "head_size" in family.keys:
+        values["head_size"] = values["n_embd"] // values["n_head"]  # as transformers' config classes take it
+    elif values.get("head_size") is None and values["n_embd"] % values["n_head"]:
+        width, heads = family.keys["n_embd"], family.keys["n_head"]
         raise ValueError(
-            f"{source} sets {key}={values.get('head_dim')!r} with hidden size {values['n_embd']} and "
-            f"{values['n_head']} heads; this model's heads are hidden size / heads wide"
+            f"{source} sets {width}={values['n_embd']} and {heads}={values['n_head']}, which does not divide it: "
+            f"a {family.model_type} model's heads are {width} / {heads} wide"
         )
     if values.get("mlp_hidden") is None:
         values["mlp_hidden"] = 4 * values["n_embd"]  # GPT-2's n_inner: null
@@ -477,7 +486,7 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
 
 
 def _check_type(setting: str, key: str, value: object, source: str) -> None:
-    if value is None and setting in ("kv_heads", "head_dim", "mlp_hidden", "attn_window"):
+    if value is None and setting in ("kv_heads", "head_size", "mlp_hidden", "attn_window"):
         return
     if setting in _SIZES or setting == "attn_window":
         ok, wanted = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
@@ -635,6 +644,15 @@ def _shown(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _cell(switch: str, accepted: tuple | None) -> str:
+    """What the family table says a family computes of a switch."""
+    if accepted is ANY:
+        return "> 0" if switch == "attn_window" else "any"
+    if switch == "head_dim" and accepted == (0,):
+        return "n_embd / n_head"
+    return _shown(accepted)
+
+
 def markdown_tables() -> str:
     """docs/models.md's tables, from FAMILIES: the switches each family computes; the config.json
     key each of our settings is written to and read from; the keys that must hold one value."""
@@ -643,10 +661,16 @@ def markdown_tables() -> str:
     lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
     for switch in SWITCHES:
         name = "n_kv_head < n_head" if switch == "grouped_query" else switch
-        cells = ["> 0" if switch == "attn_window" and f.computes[switch] is ANY else
-                 "any" if f.computes[switch] is ANY else _shown(f.computes[switch]) for f in FAMILIES]  # fmt: skip
+        cells = [_cell(switch, f.computes[switch]) for f in FAMILIES]
         lines.append(f"| `model.{name}` | " + " | ".join(cells) + " |")
-    lines += ["", "Our settings and the config.json keys that carry them:", "", head, rule]
+    resolved_keys = "kv_heads, head_size and mlp_hidden are `model.n_kv_head`, `model.head_dim` and `model.mlp_width`"
+    lines += [
+        "",
+        f"Our settings and the config.json keys that carry them ({resolved_keys}, 0 resolved):",
+        "",
+        head,
+        rule,
+    ]
     for setting in SETTINGS:
         cells = [" = ".join(f"`{k}`" for k in ((keys,) if isinstance(keys, str) else keys or ())) or "-"
                  for keys in (f.keys.get(setting) for f in FAMILIES)]  # fmt: skip

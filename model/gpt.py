@@ -5,9 +5,9 @@ built from. Attention is in attention.py, the attention patterns in masks.py and
 kv_cache.py, beside this file.
 
 The defaults are GPT-2. A few keys swap in later practice (rotary positions, RMSNorm, QK-norm,
-a ReLU^2 or SwiGLU MLP, grouped-query attention, an untied output head, soft-capped logits); each
-is resolved once, when the model is built, into the module it names, so forward() reads the same
-for every choice.
+a ReLU^2 or SwiGLU MLP, grouped-query attention, heads of a width of their own, an untied output
+head, soft-capped logits); each is resolved once, when the model is built, into the module it
+names, so forward() reads the same for every choice.
 
 Parameter names follow GPT-2's layout (transformer.wte, transformer.h.0.attn.c_attn, ...), so
 GPT-2 weights map one to one; GPT-2 stores its Linear weights transposed (Conv1D), nothing else
@@ -54,7 +54,8 @@ def _toml(value: object) -> str:
 class GPTConfig:
     n_layer: int = 12  # transformer blocks
     n_head: int = 12  # attention heads per block
-    n_embd: int = 768  # width of the residual stream; head_dim = n_embd / n_head
+    n_embd: int = 768  # width of the residual stream
+    head_dim: int = 0  # width of one attention head; 0 = n_embd / n_head (Qwen3-0.6B: 128, with 1024 / 16 = 64)
     block_size: int = 1024  # context length: the most positions the model sees at once
     vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
     dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
@@ -85,9 +86,12 @@ class GPTConfig:
                 raise ValueError(f"{name}={value} must be a positive integer")
         if self.vocab_size < 0:
             raise ValueError(f"vocab_size={self.vocab_size} must be positive (or 0: from the dataset)")
-        if self.n_embd % self.n_head != 0:
+        if self.head_dim < 0:
+            raise ValueError(f"head_dim={self.head_dim} must be a positive width, or 0 for n_embd / n_head")
+        if self.head_dim == 0 and self.n_embd % self.n_head != 0:
             raise ValueError(
-                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head} (choose n_embd = k * n_head)"
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head} "
+                f"(choose n_embd = k * n_head, or set head_dim)"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
@@ -96,8 +100,12 @@ class GPTConfig:
                 raise ValueError(f"{name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
         if self.pos_emb == "rope" and self.head_dim % 2 != 0:
             raise ValueError(
-                f"pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = {self.head_dim} "
-                f"is odd (choose n_embd and n_head with an even quotient)"
+                f"pos_emb='rope' rotates pairs of features, but head_dim={self.head_dim} is odd (choose an even one)"
+            )
+        if self.pos_emb == "rope" and self.head_size % 2 != 0:
+            raise ValueError(
+                f"pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = {self.head_size} "
+                f"is odd (choose n_embd and n_head with an even quotient, or set an even head_dim)"
             )
         if not 0 < self.norm_eps < 1:
             raise ValueError(f"norm_eps={self.norm_eps} must be in (0, 1)")
@@ -149,8 +157,9 @@ class GPTConfig:
             raise ValueError(f"eot_token={self.eot_token} must be a token id, or -1 (the dataset tokenizer's)")
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def head_size(self) -> int:
+        """The width of one attention head: head_dim, or n_embd / n_head when it is 0."""
+        return self.head_dim or self.n_embd // self.n_head
 
     @property
     def kv_heads(self) -> int:
@@ -171,9 +180,10 @@ class GPTConfig:
         C, hidden = self.n_embd, self.mlp_hidden
         per_feature = 2 if self.norm == "layernorm" and self.bias else 1  # a norm's gain, and bias
         norm = per_feature * C
-        qkv = C + 2 * self.kv_heads * self.head_dim  # c_attn's outputs: queries, keys, values
-        qk_norm = 2 * per_feature * self.head_dim if self.qk_norm else 0
-        attention = (qkv + C) * C + (qkv + C if self.bias else 0) + qk_norm
+        q_dim = self.n_head * self.head_size  # what the heads read and write: n_embd unless head_dim is set
+        qkv = q_dim + 2 * self.kv_heads * self.head_size  # c_attn's outputs: queries, keys, values
+        qk_norm = 2 * per_feature * self.head_size if self.qk_norm else 0
+        attention = qkv * C + q_dim * C + (qkv + C if self.bias else 0) + qk_norm  # c_attn, c_proj
         mlp_matrices = 3 if self.mlp == "swiglu" else 2  # SwiGLU's c_fc holds gate and value
         mlp = mlp_matrices * C * hidden + ((mlp_matrices - 1) * hidden + C if self.bias else 0)
         per_block = 2 * norm + attention + mlp
@@ -212,7 +222,7 @@ class GPT(nn.Module):
         # what the position embedding (or rotation) counts from: the row's start, or each document's
         self.positions = DocumentPositions(config.eot_token) if config.attn_document_positions else RowPositions()
         # RoPE: each layer turns its queries and keys by the tokens' positions; learned: no turn
-        self.rotary = Rotary(config.rope_base, config.head_dim) if config.pos_emb == "rope" else NoRotation()
+        self.rotary = Rotary(config.rope_base, config.head_size) if config.pos_emb == "rope" else NoRotation()
         self.apply(_init_weights)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
@@ -326,7 +336,7 @@ class GPT(nn.Module):
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.transformer.wte.weight  # not lm_head's: packed for inference, it has no .weight
-        shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_dim, max_len)
+        shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_size, max_len)
         if cfg.attn_window and cfg.attn_window + cfg.attn_sinks < max_len:
             window = {"window": cfg.attn_window, "sinks": cfg.attn_sinks}
             return RollingKVCache(*shape, **window, device=weight.device, dtype=weight.dtype, static=static)
@@ -353,6 +363,7 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(
             config.n_embd,
             config.n_head,
+            config.head_size,
             config.dropout,
             config.bias,
             layer_idx,
@@ -376,7 +387,7 @@ class Block(nn.Module):
 
 def norm_layer(config: GPTConfig, features: int = 0) -> nn.Module:
     """The normalisation config.norm names, over the last dimension's features (0 = n_embd: the
-    residual stream; QK-norm passes head_dim)."""
+    residual stream; QK-norm passes the width of one head)."""
     features = features or config.n_embd
     if config.norm == "rmsnorm":
         return nn.RMSNorm(features, eps=config.norm_eps)  # x / rms(x) * gain: no mean to subtract, no bias

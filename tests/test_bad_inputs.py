@@ -377,6 +377,7 @@ CATALOGUE = [
     Case("hf-config-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json holds a JSON list, not an object of settings", lambda ws: (gpt2_dir()(ws), write("gpt2/config.json", "[1, 2]")(ws))),
     Case("hf-config-size-not-an-integer", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32.5, which is not a positive integer", gpt2_dir(config=lambda c: c.update(n_embd=32.5))),
     Case("hf-config-lying-about-size", "sample.py", ["--init-from", "gpt2"], "wte.weight has shape (64, 32) but config.json implies (64, 1000000000)", gpt2_dir(config=lambda c: c.update(n_embd=10**9, n_head=1))),
+    Case("hf-heads-that-do-not-divide-the-width", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32 and n_head=3, which does not divide it: a gpt2 model's heads are n_embd / n_head wide", gpt2_dir(config=lambda c: c.update(n_head=3))),
     Case("hf-config-token-beyond-the-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/config.json sets eos_token_id=64, which is not a token id below its vocab_size=64", gpt2_dir(config=lambda c: c.update(eos_token_id=64))),
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
     Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "h.0.mlp.c_fc.weight holds NaN or infinite values", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),

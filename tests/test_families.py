@@ -45,6 +45,14 @@ HF_MODELS = {
     "qwen3-gqa-tied": lambda: transformers.Qwen3ForCausalLM(
         transformers.Qwen3Config(**SIZES, head_dim=16, num_key_value_heads=1, tie_word_embeddings=True)
     ),
+    # heads wider than hidden_size / num_attention_heads = 16, as Qwen3-0.6B's (128 where 1024 / 16 = 64)
+    "qwen3-wide-heads-gqa": lambda: transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(**SIZES, head_dim=32, num_key_value_heads=2, tie_word_embeddings=True)
+    ),
+    "llama-wide-heads": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**SIZES, head_dim=32)),
+    "llama-narrow-heads-gqa": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**SIZES, head_dim=8, num_key_value_heads=2)
+    ),
     "stablelm-qk-norm-gqa": lambda: transformers.StableLmForCausalLM(
         transformers.StableLmConfig(
             **SIZES,
@@ -89,6 +97,18 @@ OUR_MODELS = {
         "llama",
     ),
     "qwen3": ({"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True, "bias": False}, "qwen3"),
+    "qwen3-wide-heads": (
+        {"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True, "bias": False, "head_dim": 32},
+        "qwen3",
+    ),
+    "llama-narrow-heads-gqa": (
+        {"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "head_dim": 8, "n_kv_head": 1},
+        "llama",
+    ),
+    "mistral-wide-heads": (
+        {"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "attn_window": 5, "head_dim": 24},
+        "mistral",
+    ),
     "qwen3-untied-gqa-eps": (
         {
             "pos_emb": "rope",
@@ -201,24 +221,27 @@ def test_exported_model_loads_in_transformers_and_computes_the_same(key, tmp_pat
         assert state[name].dtype == tensor.dtype and torch.equal(state[name], tensor), name
 
 
+@pytest.mark.parametrize("head_dim", [0, 24], ids=["heads-n_embd-over-n_head", "wide-heads"])
 @pytest.mark.parametrize("name", CONVERSIONS)
-def test_each_tensor_conversion_round_trips_bit_for_bit(name):
-    config = tiny_model(VOCAB, 48, pos_emb="rope", mlp="swiglu", n_kv_head=1, mlp_width=40).config
-    sizes = {"fused_qkv": config.n_embd + 2 * config.head_dim, "fused_gate_up": 2 * config.mlp_hidden}
-    tensor = torch.randn(sizes.get(name, config.head_dim), config.n_embd)
+def test_each_tensor_conversion_round_trips_bit_for_bit(name, head_dim):
+    config = tiny_model(VOCAB, 48, pos_emb="rope", mlp="swiglu", n_kv_head=1, mlp_width=40, head_dim=head_dim).config
+    D = config.head_size
+    sizes = {"fused_qkv": (config.n_head + 2) * D, "fused_gate_up": 2 * config.mlp_hidden}
+    tensor = torch.randn(sizes.get(name, D), config.n_embd)
     if name == "per_head":
-        tensor = torch.randn(config.head_dim)
+        tensor = torch.randn(D)
     conversion = CONVERSIONS[name]
     theirs = conversion.to_theirs(tensor, config, 3)
     assert torch.equal(conversion.to_ours(theirs, config), tensor)
 
 
-def test_fused_qkv_splits_into_queries_keys_values_in_that_order():
-    model = tiny_model(VOCAB, 48, n_kv_head=1)
+@pytest.mark.parametrize("head_dim", [0, 24], ids=["heads-n_embd-over-n_head", "wide-heads"])
+def test_fused_qkv_splits_into_queries_keys_values_in_that_order(head_dim):
+    model = tiny_model(VOCAB, 48, n_kv_head=1, head_dim=head_dim)
     weight = model.transformer.h[0].attn.c_attn.weight
     q, k, v = CONVERSIONS["fused_qkv"].to_theirs(weight, model.config, 3)
-    C, kv = model.config.n_embd, model.config.head_dim
-    assert torch.equal(q, weight[:C]) and torch.equal(k, weight[C : C + kv]) and torch.equal(v, weight[C + kv :])
+    Q, kv = model.config.n_head * model.config.head_size, model.config.head_size  # 2 query heads, 1 key/value head
+    assert torch.equal(q, weight[:Q]) and torch.equal(k, weight[Q : Q + kv]) and torch.equal(v, weight[Q + kv :])
 
 
 def test_per_head_norms_that_differ_are_refused(tmp_path):
@@ -250,6 +273,8 @@ EXPORT_REFUSALS = {
     "gpt2-with-grouped-query": ({"n_kv_head": 1}, r"model.n_kv_head \(fewer key/value heads than query heads\) with this model's other switches is computed by no Hugging Face family: the nearest, gpt2, needs model.n_kv_head=0$"),
     "qk-norm-with-rmsnorm-and-bias": ({"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "qk_norm": True}, r"model.qk_norm=true with this model's other switches .* the nearest, llama, needs model.qk_norm=false$"),
     "window-with-gpt2": ({"attn_window": 8}, r"model.attn_window=8 with .* the nearest, gpt2, needs model.attn_window=0$"),
+    "gpt2-with-wide-heads": ({"head_dim": 32}, r"model.head_dim=32 with this model's other switches is computed by no Hugging Face family: the nearest, gpt2, needs model.head_dim=0 \(heads n_embd / n_head wide\)$"),
+    "stablelm-with-narrow-heads": ({"pos_emb": "rope", "mlp": "swiglu", "bias": False, "head_dim": 8}, r"model.norm='layernorm' with .* the nearest, llama, needs model.norm='rmsnorm'$"),
 }  # fmt: skip
 
 
@@ -279,7 +304,8 @@ IMPORT_REFUSALS = {
     "partial-rotary-left-out": ({k: v for k, v in llama_config(transformers.StableLmConfig).items() if k != "rope_parameters"}, r"leaves partial_rotary_factor out, which means 0.25; this model computes only 1.0"),
     "biases-that-differ": (llama_config(attention_bias=True, mlp_bias=False), r"sets attention_bias=True and mlp_bias=False; this model has biases everywhere or nowhere"),
     "qwen3-attention-bias": (llama_config(transformers.Qwen3Config, attention_bias=True), r"sets attention_bias=True; this model computes only False"),
-    "head-dim": (llama_config(head_dim=32), r"sets head_dim=32 with hidden size 64 and 4 heads; this model's heads are hidden size / heads wide"),
+    "heads-that-do-not-divide": ({"model_type": "gpt2", "n_embd": 64, "n_head": 3, "vocab_size": VOCAB}, r"sets n_embd=64 and n_head=3, which does not divide it: a gpt2 model's heads are n_embd / n_head wide"),
+    "stablelm-head-dim": (llama_config(transformers.StableLmConfig, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}, head_dim=32), r"sets head_dim=32, a key this model cannot compute"),
     "mixture-of-experts": (llama_config(num_local_experts=8), r"sets num_local_experts=8, a key this model cannot compute"),
     "moe-family": ({**llama_config(), "model_type": "qwen3_moe"}, r"has model_type='qwen3_moe', a family this model cannot compute \(it reads gpt2, llama, qwen3, stablelm, mistral\)"),
     "activation": (llama_config(hidden_act="gelu"), r"sets hidden_act='gelu'; this model computes only 'silu'"),
@@ -353,12 +379,15 @@ def test_docs_family_tables_are_the_table_in_model_families():
 @pytest.fixture
 def llama_folder(tmp_path):
     """A tiny Llama-family folder as a hub download holds it: weights, config.json and a tokenizer.json
-    (a byte-level BPE trained on Shakespeare, of as many ids as the embedding has rows)."""
+    (a byte-level BPE trained on Shakespeare, of as many ids as the embedding has rows). Its heads are
+    wider than hidden_size / num_attention_heads, as Qwen3-0.6B's: fine-tuning keeps their width."""
     text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text()[:200_000]
     tokenizer = train_bpe([text], 300, progress=False)
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        **(SIZES | {"vocab_size": tokenizer.vocab_size, "max_position_embeddings": 64}), num_key_value_heads=2
+        **(SIZES | {"vocab_size": tokenizer.vocab_size, "max_position_embeddings": 64}),
+        num_key_value_heads=2,
+        head_dim=32,
     )
     trained_like(transformers.LlamaForCausalLM(config), 5).save_pretrained(tmp_path / "llama")
     (tmp_path / "llama" / "tokenizer.json").write_text(tokenizer.to_json())
@@ -384,6 +413,7 @@ def test_a_llama_folder_fine_tunes_in_two_commands_then_samples_and_resumes(llam
     assert (
         trainer.cfg.model.norm == "rmsnorm" and trainer.cfg.model.n_kv_head == 2 and trainer.cfg.model.vocab_size == 300
     )
+    assert trainer.cfg.model.head_dim == 32  # the folder's, where the run left it at 0
     for name, tensor in imported.state_dict().items():
         assert torch.equal(trainer.model.state_dict()[name], tensor), name
     trainer.fit()

@@ -18,10 +18,20 @@ def decode_with_cache(model, idx: torch.Tensor, prompt_len: int, static: bool = 
     return torch.cat(pieces, dim=1)
 
 
+# heads of their own width (2 heads over n_embd = 32, so 16 unless head_dim is set), with the
+# rotation and key/value heads that such models (Qwen3-0.6B) have
+HEAD_WIDTHS = {
+    "gpt2": {},
+    "wide-heads": {"head_dim": 24, "pos_emb": "rope", "n_kv_head": 1},
+    "narrow-heads": {"head_dim": 6},
+}
+
+
+@pytest.mark.parametrize("heads", HEAD_WIDTHS.values(), ids=HEAD_WIDTHS.keys())
 @pytest.mark.parametrize("static", [False, True], ids=["written-slots", "static"])
 @pytest.mark.parametrize("prompt_len", [1, 2, 7, 31, 32])
-def test_cached_decoding_reproduces_full_forward_logits(prompt_len, static):
-    model = tiny_model(VOCAB, BLOCK)
+def test_cached_decoding_reproduces_full_forward_logits(prompt_len, static, heads):
+    model = tiny_model(VOCAB, BLOCK, **heads)
     torch.manual_seed(1)
     idx = torch.randint(0, VOCAB, (3, BLOCK))
     full, _ = model(idx)

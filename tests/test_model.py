@@ -32,9 +32,10 @@ def test_output_layer_is_tied_to_token_embedding():
     assert model.num_params(non_embedding=False) == sum(p.numel() for p in set(model.parameters()))
 
 
+@pytest.mark.parametrize("head_dim", [0, 2, 12])
 @pytest.mark.parametrize("bias", [True, False])
-def test_config_counts_the_parameters_of_the_model_it_describes(bias):
-    config = GPTConfig(n_layer=3, n_head=2, n_embd=8, block_size=5, vocab_size=11, bias=bias)
+def test_config_counts_the_parameters_of_the_model_it_describes(bias, head_dim):
+    config = GPTConfig(n_layer=3, n_head=2, n_embd=8, block_size=5, vocab_size=11, bias=bias, head_dim=head_dim)
     assert config.num_params() == GPT(config).num_params(non_embedding=False)
 
 
@@ -86,7 +87,8 @@ def test_tiny_model_overfits_one_batch():
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"n_embd": 100, "n_head": 3}, "n_embd=100 is not divisible by n_head=3"),
+        ({"n_embd": 100, "n_head": 3}, r"n_embd=100 is not divisible by n_head=3 \(.*or set head_dim\)"),
+        ({"head_dim": -1}, r"head_dim=-1 must be a positive width, or 0 for n_embd / n_head"),
         ({"n_layer": 0}, "n_layer=0 must be a positive integer"),
         ({"block_size": -1}, "block_size=-1 must be a positive integer"),
         ({"dropout": 1.0}, r"dropout=1.0 must be in \[0, 1\)"),
@@ -96,6 +98,12 @@ def test_invalid_model_config_is_rejected(change, message):
     values = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=10) | change
     with pytest.raises(ValueError, match=message):
         GPTConfig(**values)
+
+
+def test_heads_of_their_own_width_need_not_divide_n_embd():
+    model = GPT(GPTConfig(n_layer=1, n_head=3, n_embd=100, head_dim=32, block_size=8, vocab_size=10))
+    logits, _ = model(torch.zeros(2, 8, dtype=torch.long))
+    assert logits.shape == (2, 8, 10)
 
 
 def test_model_needs_a_vocabulary_size():

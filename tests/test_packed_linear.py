@@ -59,8 +59,14 @@ def test_packing_replaces_every_linear_and_keeps_the_token_embedding():
         assert torch.equal(model.transformer.wte(idx), embedded)
 
 
-def test_packed_model_gives_the_models_logits():
-    model = tiny_model(VOCAB, BLOCK)
+# GPT-2's heads, and heads of their own width, whose linear layers have other shapes (c_attn 32 -> 4 * 24,
+# c_proj 2 * 24 -> 32)
+HEADS = {"gpt2": {}, "wide-heads": {"head_dim": 24, "pos_emb": "rope", "n_kv_head": 1}}
+
+
+@pytest.mark.parametrize("heads", HEADS.values(), ids=HEADS.keys())
+def test_packed_model_gives_the_models_logits(heads):
+    model = tiny_model(VOCAB, BLOCK, **heads)
     idx = torch.randint(0, VOCAB, (3, BLOCK), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected, _ = model(idx)
@@ -68,8 +74,9 @@ def test_packed_model_gives_the_models_logits():
     torch.testing.assert_close(packed, expected, rtol=0, atol=1e-5)
 
 
-def test_packed_model_decodes_with_the_cache_as_its_full_forward_pass():
-    model = pack_linears(tiny_model(VOCAB, BLOCK))
+@pytest.mark.parametrize("heads", HEADS.values(), ids=HEADS.keys())
+def test_packed_model_decodes_with_the_cache_as_its_full_forward_pass(heads):
+    model = pack_linears(tiny_model(VOCAB, BLOCK, **heads))
     idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full, _ = model(idx)

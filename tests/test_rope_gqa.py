@@ -1,6 +1,7 @@
-"""Rotary positions and grouped-query attention: the rotation itself, positions across cache
-calls and padding, and what the KV cache holds."""
+"""Rotary positions, grouped-query attention and heads of their own width: the rotation itself,
+positions across cache calls and padding, and what the KV cache holds."""
 
+import dataclasses
 import math
 
 import pytest
@@ -82,6 +83,28 @@ def test_n_kv_head_equal_to_n_head_is_exactly_multi_head_attention():
     assert torch.equal(implicit(idx)[0], explicit(idx)[0])
 
 
+def test_head_dim_equal_to_n_embd_over_n_head_is_exactly_the_default():
+    implicit = tiny_model(VOCAB, BLOCK, pos_emb="rope")  # head_dim = 0: 32 / 2
+    explicit = tiny_model(VOCAB, BLOCK, pos_emb="rope", head_dim=16)
+    for (name, a), b in zip(implicit.state_dict().items(), explicit.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    idx = torch.randint(0, VOCAB, (2, BLOCK), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(implicit(idx)[0], explicit(idx)[0])
+
+
+@pytest.mark.parametrize("head_dim", [4, 12])
+def test_heads_of_their_own_width_project_from_and_back_to_n_embd(head_dim):
+    torch.manual_seed(0)
+    config = GPTConfig(n_layer=2, n_head=4, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, n_kv_head=2, qk_norm=True)
+    model = GPT(dataclasses.replace(config, pos_emb="rope", head_dim=head_dim))
+    attn = model.transformer.h[0].attn
+    assert (attn.c_attn.in_features, attn.c_attn.out_features) == (32, 4 * head_dim + 2 * 2 * head_dim)
+    assert (attn.c_proj.in_features, attn.c_proj.out_features) == (4 * head_dim, 32)
+    assert tuple(attn.q_norm.normalized_shape) == tuple(attn.k_norm.normalized_shape) == (head_dim,)
+    assert all(k.shape == (3, 2, BLOCK, head_dim) for k in model.new_cache(3).k)
+    assert model.rotary.head_dim == head_dim
+
+
 @pytest.mark.parametrize("n_kv_head", [1, 2, 4])
 def test_the_cache_holds_n_kv_head_heads(n_kv_head):
     torch.manual_seed(0)
@@ -98,6 +121,11 @@ def test_the_cache_holds_n_kv_head_heads(n_kv_head):
             ["--model.pos_emb=rope", "--model.n_embd=96", "--model.n_head=32"],
             r"^model.pos_emb='rope' rotates pairs of features, but head_dim = n_embd / n_head = 3 is odd",
         ),
+        (
+            ["--model.pos_emb=rope", "--model.head_dim=5"],
+            r"^model.pos_emb='rope' rotates pairs of features, but head_dim=5 is odd \(choose an even one\)$",
+        ),
+        (["--model.head_dim=-8"], r"^model.head_dim=-8 must be a positive width, or 0 for n_embd / n_head$"),
         (["--model.n_kv_head=5"], r"^model.n_kv_head=5 does not divide n_head=12 "),
         (["--model.pos_emb=alibi"], r"^model.pos_emb='alibi' is not one of learned, rope$"),
         (["--model.rope_base=1"], r"^model.rope_base=1.0 must be greater than 1$"),

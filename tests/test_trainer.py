@@ -98,6 +98,14 @@ def test_flops_per_token_counts_weights_and_attention():
     assert flops_per_token(cfg, n) == 6 * n + 12 * cfg.n_layer * cfg.block_size * cfg.n_embd
 
 
+def test_flops_per_token_counts_attention_over_the_width_of_the_heads():
+    cfg = tiny_model().config  # 2 heads of 16
+    n = 1000
+    attention = flops_per_token(cfg, n) - 6 * n
+    assert flops_per_token(dataclasses.replace(cfg, head_dim=32), n) - 6 * n == 2 * attention
+    assert flops_per_token(dataclasses.replace(cfg, head_dim=8), n) - 6 * n == attention / 2
+
+
 def test_flops_per_token_counts_only_the_keys_a_sliding_window_shows():
     cfg = tiny_model(block_size=32).config
     n = 1000

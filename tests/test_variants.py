@@ -1,4 +1,4 @@
-"""Architecture switches (pos_emb, norm, qk_norm, mlp, n_kv_head, tie_embeddings, logit_softcap):
+"""Architecture switches (pos_emb, norm, qk_norm, mlp, n_kv_head, head_dim, tie_embeddings, logit_softcap):
 each trains, stays causal, decodes through the cache as the full forward pass does, and is refused
 where GPT-2 is required."""
 
@@ -28,12 +28,15 @@ VARIANTS = {
     "rope": {"pos_emb": "rope"},
     "qk_norm": {"qk_norm": True},
     "gqa": {"n_kv_head": 1},
+    "wide_heads": {"head_dim": 24},  # heads of 24 where n_embd / n_head is 16 (32 / 2 in tiny_model)
+    "narrow_heads": {"head_dim": 6},
     "all": {
         "pos_emb": "rope",
         "norm": "rmsnorm",
         "qk_norm": True,
         "mlp": "swiglu",
         "n_kv_head": 1,
+        "head_dim": 10,
         "tie_embeddings": False,
         "logit_softcap": 15.0,
         "bias": False,

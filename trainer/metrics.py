@@ -47,8 +47,9 @@ def peak_flops(device_name: str) -> float | None:
 
 def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
     """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's score and
-    value products, 12 * n_layer * n_embd per key a query is counted against (PaLM paper, appendix
-    B). n_params should leave out the position embedding, which does no multiply.
+    value products, 12 * n_layer * n_head * head_dim per key a query is counted against (PaLM paper,
+    appendix B; n_head * head_dim is n_embd unless head_dim is set). n_params should leave out the
+    position embedding, which does no multiply.
 
     A query is counted against block_size keys, as PaLM and nanoGPT count causal attention (the
     masked half included), or against the attn_window + attn_sinks keys that are all a sliding
@@ -57,7 +58,7 @@ def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
     keys = model_cfg.block_size
     if model_cfg.attn_window:
         keys = min(keys, model_cfg.attn_window + model_cfg.attn_sinks)
-    return 6 * n_params + 12 * model_cfg.n_layer * keys * model_cfg.n_embd
+    return 6 * n_params + 12 * model_cfg.n_layer * keys * model_cfg.n_head * model_cfg.head_size
 
 
 class Throughput:
