@@ -8,9 +8,11 @@
 
 `loss` reads each run directory's metrics.jsonl (a run still training too: its last, half-written
 line is left out) and config.toml, draws the train loss of the logged steps and the val loss of the
-evaluations against steps, tokens trained on or wall time, with a legend of the run names, and
-prints a table of each run's last evaluation: val loss, bits per byte and wall time. Runs that
-scored [eval] tasks get a third panel: each task's acc and the centred mean (eval.py's figures).
+evaluations against steps, tokens trained on or wall time, and prints a table of each run's last
+evaluation: val loss, bits per byte and wall time. Runs that scored [eval] tasks get a panel for
+each task's acc and one for the centred mean (eval.py's figures). Every run has a colour and line
+style of its own, the same in every panel, for any number of runs; one legend below the panels
+names them, outside every panel, so it never hides a curve.
 
 `mask` draws which keys (columns) each query (rows) may attend to, from the same rule the model
 uses (model/masks.py): dark cells are allowed, light ones blocked. A prefix-LM picture shows a
@@ -45,6 +47,10 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "tokens": "tokens trained on",
     "time": "wall time since the run's first record (s)",
 }
+PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
+LINE_STYLES = ["-", "--", ":", "-."]
+PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
+LEGEND_ROW_HEIGHT = 0.22  # inches, one row of names at fontsize 8
 ALLOWED, BLOCKED = "#1f4e79", "#eef2f7"
 PLAIN_CAUSAL = {
     "attn_window": 0,
@@ -142,32 +148,69 @@ class Run:
 
 def plot_loss(args: argparse.Namespace) -> None:
     runs = [Run.read(directory) for directory in args.runs]
-    figures = downstream_keys(runs)
-    fig, axes = plt.subplots(1, 3 if figures else 2, figsize=(18 if figures else 12, 4.5))
-    train_ax, val_ax = axes[:2]
-    val_ax.sharey(train_ax)
-    for run in runs:
-        (line,) = train_ax.plot(*run.curve("loss", args.x), linewidth=1, label=run.name)
-        val_ax.plot(*run.curve("val_loss", args.x), marker="o", markersize=3, color=line.get_color(), label=run.name)
-        for number, key in enumerate(figures):
-            style = ["-", "--", ":", "-."][number % 4]
-            label = f"{run.name}: {key.removeprefix('eval/')}"
-            axes[2].plot(*run.curve(key, args.x), style, marker="o", markersize=3, color=line.get_color(), label=label)
-    titles = ["train loss (each logged step)", "val loss (each evaluation)", "[eval] tasks: acc and centred mean"]
-    for ax, title in zip(axes, titles, strict=False):  # two axes when no run scored tasks
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel(X_AXES[args.x])
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    train_ax.set_ylabel("cross-entropy (nats per token)")
-    save(fig, args.out)
+    save(loss_figure(runs, args.x), args.out)
     print_table(["run", "step", "val loss", "val bpb", "wall time (s)"], [run.summary() for run in runs])
 
 
+def run_styles(count: int) -> list[dict]:
+    """A (colour, line style) pair for each of count runs, no two alike: the ten colours of tab10 drawn
+    solid, then dashed, dotted and dash-dotted; past 40 runs, count / 4 colours sampled evenly from a
+    continuous colormap, each in the four styles."""
+    if count <= len(PALETTE) * len(LINE_STYLES):
+        colours = list(PALETTE)
+    else:  # more than a qualitative palette holds: evenly spaced shades of one bright colormap
+        shades = -(-count // len(LINE_STYLES))  # ceil
+        colours = [matplotlib.colormaps["turbo"](i / (shades - 1)) for i in range(shades)]
+    return [{"color": colours[i % len(colours)], "linestyle": LINE_STYLES[i // len(colours)]} for i in range(count)]
+
+
+def loss_figure(runs: list[Run], x: str) -> plt.Figure:
+    """The train loss, the val loss and each [eval] figure in a panel of its own, at most three a row;
+    each run keeps its colour and line style in every panel, and one legend below the panels names them."""
+    figures = downstream_keys(runs)
+    panels = 2 + len(figures)
+    rows = -(-panels // 3)
+    columns = -(-panels // rows)  # rows as even as they can be: four panels are two by two
+    names = [run.name for run in runs]
+    legend_columns = max(1, min(len(runs), int(PANEL_SIZE[0] * columns // legend_entry_width(names))))
+    legend_rows = -(-len(runs) // legend_columns)
+    size = (PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows + LEGEND_ROW_HEIGHT * (legend_rows + 1))
+    # constrained layout keeps the legend placed "outside" clear of every panel, whatever its size
+    fig, axes = plt.subplots(rows, columns, figsize=size, squeeze=False, layout="constrained")
+    for ax in axes.flat[panels:]:
+        ax.remove()
+    drawn = list(axes.flat[:panels])
+    train_ax, val_ax, *eval_axes = drawn
+    val_ax.sharey(train_ax)
+    for run, style in zip(runs, run_styles(len(runs)), strict=True):
+        train_ax.plot(*run.curve("loss", x), linewidth=1, label=run.name, **style)
+        val_ax.plot(*run.curve("val_loss", x), marker="o", markersize=3, label=run.name, **style)
+        for ax, key in zip(eval_axes, figures, strict=True):
+            ax.plot(*run.curve(key, x), marker="o", markersize=3, label=run.name, **style)
+    titles = ["train loss (each logged step)", "val loss (each evaluation)"]
+    titles += [f"[eval] {key.removeprefix('eval/')}" for key in figures]
+    for ax, title in zip(drawn, titles, strict=True):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(X_AXES[x])
+        ax.grid(alpha=0.3)
+    train_ax.set_ylabel("cross-entropy (nats per token)")
+    for ax, key in zip(eval_axes, figures, strict=True):
+        ax.set_ylabel("centred mean (0 = chance)" if key == "eval/centred_mean" else "accuracy")
+    handles = train_ax.get_lines()  # one per run, in the runs' order
+    fig.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8)
+    return fig
+
+
+def legend_entry_width(names: list[str]) -> float:
+    """Inches a legend entry of the longest name takes at fontsize 8: about 0.07 in a character, plus
+    the line sample and the gaps beside it."""
+    return 0.7 + 0.07 * max(len(name) for name in names)
+
+
 def downstream_keys(runs: list[Run]) -> list[str]:
-    """The [eval] figures the runs logged that are drawn: each task's acc, and the centred mean."""
+    """The [eval] figures the runs logged that are drawn: each task's acc, then the centred mean."""
     keys = {key for run in runs for record in run.records for key in record if key.startswith("eval/")}
-    return sorted(key for key in keys if key.endswith("/acc") or key == "eval/centred_mean")
+    return sorted(key for key in keys if key.endswith("/acc")) + sorted(keys & {"eval/centred_mean"})
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

@@ -1,7 +1,11 @@
 """plot.py: the pictures are valid PNG files that show the pattern, and the attention weights they
-draw come from the explicit path of attention (exact zeros where blocked, rows summing to 1)."""
+draw come from the explicit path of attention (exact zeros where blocked, rows summing to 1); every
+picture the docs show is drawn by the plot.py command written beside it."""
 
 import dataclasses
+import re
+import shlex
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -11,7 +15,7 @@ import torch
 import plot
 from errors import UserError
 from model import attention, attention_weights
-from tests.conftest import tiny_config, tiny_model
+from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
 from tests.test_masks import EOT, PATTERNS
 from trainer.loop import Trainer
 
@@ -120,3 +124,39 @@ def test_every_pattern_is_drawn_whatever_the_configs_document_positions(tmp_path
     plot.main(["mask", "--all", "--model.attn_documents", "--model.attn_document_positions", "--model.eot_token=0",
                "--out", str(tmp_path / "all.png")])  # fmt: skip
     assert (tmp_path / "all.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
+PICTURE = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")  # a Markdown image: ![alt](path.png)
+COMMAND = re.compile(r"`python (plot\.py [^`]+)`")
+
+
+def pictures_shown() -> list[tuple[str, Path, list[list[str]]]]:
+    """(page, picture's path from the project root, the plot.py commands in the 3 lines after its link)
+    for every picture README.md and the docs pages show."""
+    shown = []
+    for page in [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").rglob("*.md"))]:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            for link in PICTURE.findall(line):
+                picture = (page.parent / link).resolve().relative_to(PROJECT_ROOT)
+                beside = " ".join(lines[number + 1 : number + 4])
+                commands = [shlex.split(command)[1:] for command in COMMAND.findall(beside)]
+                shown.append((page.name, picture, commands))
+    return shown
+
+
+def test_every_picture_the_docs_show_is_drawn_by_the_command_beside_it(tmp_path):
+    shown = pictures_shown()
+    assert {picture for _, picture, _ in shown} >= {Path("docs/ablation.png"), Path("docs/patterns/all.png")}
+    for page, picture, commands in shown:
+        assert (PROJECT_ROOT / picture).is_file(), (page, picture)
+        drawing = [argv for argv in commands if "--out" in argv and Path(argv[argv.index("--out") + 1]) == picture]
+        assert len(drawing) == 1, f"{page}: not one `python plot.py ... --out {picture}` beside the picture"
+        argv = drawing[0]
+        out = tmp_path / picture.name
+        argv[argv.index("--out") + 1] = str(out)
+        if argv[0] == "loss":  # its runs come from the ablation (bench/ablation.py): the command must parse
+            plot.parse_args(argv)
+        else:
+            plot.main(argv)
+            assert out.read_bytes().startswith(PNG_SIGNATURE), (page, picture)

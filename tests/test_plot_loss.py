@@ -1,11 +1,14 @@
-"""plot.py loss: curves of several runs from their metrics.jsonl, and a table of final values."""
+"""plot.py loss: curves of several runs from their metrics.jsonl, and a table of final values; each run
+keeps one colour and line style of its own in every panel, and the legend covers no curve."""
 
 import json
 
 import matplotlib.image
+import matplotlib.pyplot as plt
 import pytest
+from matplotlib.colors import to_rgba
 
-from plot import main
+from plot import Run, loss_figure, main, run_styles
 from tests.conftest import run_script, tiny_config
 from trainer.loop import Trainer
 
@@ -60,3 +63,51 @@ def test_a_directory_without_metrics_is_refused_in_one_line(two_runs, tmp_path):
         == f"error: {tmp_path} holds no metrics.jsonl: it is not a run directory, or its run has logged nothing yet\n"
     )
     assert not (tmp_path / "loss.png").exists()
+
+
+def made_up_runs(count: int, name_length: int = 20) -> list[Run]:
+    """count runs with 50 logged steps, 5 evaluations and two [eval] figures, named like ablation runs."""
+    runs = []
+    for number in range(count):
+        records = []
+        for step in range(0, 500, 10):
+            record = {"step": step, "loss": 4 / (1 + step / 100) + 0.01 * number, "time": step / 10}
+            if step % 100 == 0:
+                record |= {"val_loss": record["loss"] + 0.05, "eval/task/acc": 0.25 + step / 2000}
+                record["eval/centred_mean"] = (record["eval/task/acc"] - 0.25) / 0.75
+            records.append(record)
+        runs.append(Run(f"variant-{number}-seed1337".rjust(name_length, "x"), records, tokens_per_step=768))
+    return runs
+
+
+@pytest.mark.parametrize("count", [1, 12, 25, 45])  # 45: more runs than ten colours in four styles
+def test_every_run_has_its_own_colour_and_line_style_the_same_in_every_panel(count):
+    fig = loss_figure(made_up_runs(count), "steps")
+    panels = [ax for ax in fig.axes if ax.get_lines()]
+    assert len(panels) == 4  # train loss, val loss, the task's acc, the centred mean
+    styles = [{line.get_label(): (to_rgba(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+              for ax in panels]  # fmt: skip
+    assert len(styles[0]) == count and len(set(styles[0].values())) == count
+    assert all(panel == styles[0] for panel in styles[1:])
+    plt.close(fig)
+
+
+def test_no_two_runs_share_a_style_whatever_their_number():
+    for count in range(1, 130):
+        pairs = [(to_rgba(style["color"]), style["linestyle"]) for style in run_styles(count)]
+        assert len(set(pairs)) == count, count
+
+
+@pytest.mark.parametrize("count, name_length", [(1, 20), (12, 25), (25, 40)])
+def test_the_legend_lies_outside_every_panel_and_inside_the_picture(count, name_length):
+    """Each panel's legend used to sit in its upper right corner, over the curves of many runs."""
+    fig = loss_figure(made_up_runs(count, name_length), "steps")
+    fig.canvas.draw()  # Agg: lays the figure out, as saving does
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    assert not any(ax.get_legend() for ax in fig.axes)
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent()), ax.get_title()
+    assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
+    assert [text.get_text() for text in legend.get_texts()] == [run.name for run in made_up_runs(count, name_length)]
+    plt.close(fig)
