@@ -23,6 +23,7 @@ in NOT_RUN with the reason; a listed command that no page shows any more fails
 test_every_command_listed_as_not_run_is_still_shown, and a new command that is not listed is run.
 """
 
+import fnmatch
 import io
 import re
 import shlex
@@ -298,13 +299,44 @@ def run_page(page: Path, workspace: Path, done: set[tuple[str, ...]]) -> list[st
     return failures
 
 
+def checkout_files() -> list[str]:
+    """The checkout's files as a fresh clone holds them: git's tracked files (a new file must be added
+    to be among them) or, without git, every file that .gitignore does not name."""
+    try:
+        listing = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT_ROOT, capture_output=True, check=True)
+        return [name for name in listing.stdout.decode().split("\0") if name]
+    except (OSError, subprocess.CalledProcessError):  # no git, or not a git checkout
+        # a tool's cache folder (.ruff_cache, a virtual environment) ignores itself with a `*` of its own
+        caches = [path.parent for path in PROJECT_ROOT.rglob(".gitignore") if "*" in path.read_text().split()]
+        files = [
+            path for path in PROJECT_ROOT.rglob("*") if path.is_file() and not any(c in path.parents for c in caches)
+        ]
+        names = [path.relative_to(PROJECT_ROOT) for path in files]
+        return [str(name) for name in names if not any(ignored(name, pattern) for pattern in gitignore_patterns())]
+
+
+def gitignore_patterns() -> list[str]:
+    lines = [line.strip() for line in (PROJECT_ROOT / ".gitignore").read_text().splitlines()]
+    return [line for line in lines if line and not line.startswith("#")] + [".git"]
+
+
+def ignored(path: Path, pattern: str) -> bool:
+    """Whether a .gitignore pattern of the forms this checkout uses names the file or a folder above
+    it: `name/` (a folder anywhere), `/name/` and `/dir/*/` (from the root), `name` (anything)."""
+    rooted, folder, glob = pattern.startswith("/"), pattern.endswith("/"), pattern.strip("/")
+    parents = [Path(*path.parts[:i]) for i in range(1, len(path.parts))]  # the folders above the file
+    candidates = parents if folder else [*parents, path]
+    if rooted:
+        return any(fnmatch.fnmatch(str(candidate), glob) for candidate in candidates)
+    return any(fnmatch.fnmatch(candidate.name, glob) for candidate in candidates)
+
+
 def copy_of_checkout(destination: Path) -> Path:
-    """The checkout's tracked files as they are in the working tree (a new file must be added to git
-    to be in the copy), plus the files the pages name as the user's own."""
-    listing = subprocess.run(["git", "ls-files", "-z"], cwd=PROJECT_ROOT, capture_output=True, check=True)
-    for name in listing.stdout.decode().split("\0"):
+    """The checkout's files as they are in the working tree, plus the files the pages name as the
+    user's own."""
+    for name in checkout_files():
         source = PROJECT_ROOT / name
-        if name and source.is_file():  # a file deleted from the working tree is still in the index
+        if source.is_file():  # a file deleted from the working tree is still in git's index
             (destination / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, destination / name)
     text = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
@@ -343,6 +375,19 @@ def test_docs_page_commands_run_as_shown(page, readme_run, tmp_path):
     shutil.copytree(readme_workspace, workspace)
     failures = run_page(page, workspace, set(readme_done))
     assert not failures, "\n\n".join(failures)
+
+
+def test_without_git_the_copy_leaves_out_what_gitignore_names():
+    cases = {
+        "out/run/ckpt.pt": True,
+        "data/shakespeare_char/train.bin": True,
+        "data/prepare.py": False,
+        "model/__pycache__/gpt.cpython-311.pyc": True,
+        ".venv-ci/bin/python": True,
+        ".git/HEAD": True,
+        "docs/patterns/all.png": False,
+    }
+    assert {name: any(ignored(Path(name), p) for p in gitignore_patterns()) for name in cases} == cases
 
 
 def test_every_command_listed_as_not_run_is_still_shown():
