@@ -25,7 +25,7 @@ equals the first sample of a run with --seed SEED+i and that prompt alone. A lon
 streamed token by token; a batch is written when it is done. A sample ends at <|endoftext|> (GPT-2
 BPE models) or just before the first --stop string.
 
-A model trained with an attention pattern samples with it (README, "Attention patterns"): a
+A model trained with an attention pattern samples with it (docs/patterns.md): a
 prefix-LM model reads the prompt as its prefix, in both directions; a sliding-window model keeps a
 rolling cache of its window; a block-causal model draws each block from the complete block before
 it, so its prompt needs at least model.attn_block tokens, and --compile does not apply to it; a

@@ -6,7 +6,7 @@ Settings come from the config tree's defaults, then the TOML file, then the comm
 (`--section.key=value` or `--section.key value`). Continue a stopped run with
 `--config RUN_DIR/config.toml --train.init_from=resume`. Ctrl-C or SIGTERM stops the run after the
 step in progress with a checkpoint (exit status 128 + the signal's number; under torchrun within
-about 2 seconds more, see README).
+about 2 seconds more, see docs/runs.md).
 
 Several processes, one per GPU (or CPU processes with gloo), with train.parallelism = ddp or fsdp:
 

@@ -82,7 +82,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
         lr=cfg.learning_rate,
         betas=(cfg.beta1, cfg.beta2),
         # one kernel for the whole update instead of several per tensor (on a CPU, 3-4x faster
-        # for the quickstart's 27 small tensors: docs/benchmarks.md)
+        # for the quickstart's 27 small tensors: docs/benchmarks-history.md)
         fused=device.type in ("cuda", "cpu"),
     )
     parts.append((adamw, 1.0))
