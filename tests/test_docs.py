@@ -124,7 +124,7 @@ NOT_RUN = {
     "python bench/val.py out/r5 ...": "the other runs of its table are to be named",
     "OMP_NUM_THREADS=1 python bench/train.py ...": "the options of the command above it are to be repeated",
     "python bench/eval.py": EVAL_BENCH,
-    "python bench/eval.py --repeat 1 --runs 2": EVAL_BENCH,
+    "python bench/eval.py --repeat 1 --runs 5": EVAL_BENCH,
     # the ablation: twelve whole quickstart-sized trainings per seed, and what reads their runs
     "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338": ABLATION,
     "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 --jobs 2": ABLATION,
