@@ -542,33 +542,37 @@ def _rows(family: Family, config: GPTConfig):
 def state_dict_from_hf(
     hf_tensors: dict[str, torch.Tensor], config: GPTConfig, family: Family, source: str
 ) -> dict[str, torch.Tensor]:
-    """Our state dict from the family's tensors, checking each is there with its shape and finite;
-    a tensor the table does not name is an error, never dropped."""
+    """Our state dict from the family's tensors, checking each is there with its shape and finite (an
+    error names the file's tensor, before any are joined); a tensor the table does not name is an
+    error, never dropped."""
     tensors = normalise_names(hf_tensors, family)
     _check_embedding(tensors, config, family, source)
     shapes = _shapes(config, bias=True)
     state = {}
-    for weight, present, ours, theirs, _ in _rows(family, config):
-        parts = []
+    for weight, present, ours, theirs, heads in _rows(family, config):
+        parts = {}
         for name in theirs:
             if name not in tensors:
                 raise ValueError(
                     f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint"
                 )
-            parts.append(tensors.pop(name))
+            parts[name] = tensors.pop(name)
+        conversion = CONVERSIONS[weight.convert]
+        # each of their tensors against its own shape (ours split as export splits it, on the meta
+        # device) before any are joined, so that a message names the one that differs
+        expected = conversion.to_theirs(torch.empty(shapes[ours], device="meta"), config, heads)
+        for (name, part), shape in zip(parts.items(), [tuple(t.shape) for t in expected], strict=True):
+            _check_shape(name, part, shape, source)
+        problem = non_finite(parts)
+        if problem is not None:
+            raise ValueError(
+                f"{source}: {problem} (a damaged copy, or a model that diverged in training: fetch the model "
+                f"again, or use one from before it diverged)"
+            )
         try:
-            tensor = CONVERSIONS[weight.convert].to_ours(parts, config)
-        except (RuntimeError, ValueError) as e:
+            tensor = conversion.to_ours(list(parts.values()), config)
+        except ValueError as e:
             raise ValueError(f"{source}: {theirs[0]} cannot be read ({e})") from None
-        if tuple(tensor.shape) != shapes[ours]:
-            raise ValueError(
-                f"{source}: {theirs[0]} has shape {tuple(parts[0].shape)} but config.json implies another "
-                f"(the weights do not belong to this config)"
-            )
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise ValueError(
-                f"{source}: {theirs[0]} holds NaN or infinite values (a damaged copy: fetch the model again)"
-            )
         if not present and tensor.count_nonzero():
             raise ValueError(f"{source}: {theirs[0]} is not zero, and this {family.model_type} model has no biases")
         if present:
@@ -601,12 +605,28 @@ def _check_embedding(tensors: dict[str, torch.Tensor], config: GPTConfig, family
     name = family.weights[0].theirs[0]
     if name not in tensors:
         raise ValueError(f"{source} lacks the tensor {name}: it is not a complete {family.model_type} checkpoint")
-    shape = (config.vocab_size, config.n_embd)
-    if tuple(tensors[name].shape) != shape:
+    _check_shape(name, tensors[name], (config.vocab_size, config.n_embd), source)
+
+
+def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], source: str) -> None:
+    """One tensor of a folder, under its name there, against the shape config.json implies for it."""
+    if tuple(tensor.shape) != shape:
         raise ValueError(
-            f"{source}: {name} has shape {tuple(tensors[name].shape)} but config.json implies {shape} "
+            f"{source}: {name} has shape {tuple(tensor.shape)} but config.json implies {shape} "
             f"(the weights do not belong to this config)"
         )
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor holding NaN or infinite values, described ("NAME holds 3 NaN and 0 infinite
+    values (of 4,096)"), or None: every load and write of weights asks this one question, and each
+    caller says what the weights are and what to do. One pass over each tensor; the values are
+    counted only once one is found."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            nans, infinities = int(tensor.isnan().sum()), int(tensor.isinf().sum())
+            return f"{name} holds {nans:,} NaN and {infinities:,} infinite values (of {tensor.numel():,})"
+    return None
 
 
 def _shapes(config: GPTConfig, bias: bool) -> dict[str, tuple[int, ...]]:

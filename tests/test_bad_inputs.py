@@ -22,7 +22,7 @@ from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import run_cli
 from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
-from model.hf import write_safetensors
+from model.hf import read_safetensors, write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
 from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
@@ -97,6 +97,16 @@ def edit_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return setup
 
 
+def set_value(name: str, value: float) -> Callable[[dict], None]:
+    """Set one value of the tensor name, in a checkpoint or a table of tensors, to value."""
+
+    def change(tensors: dict) -> None:
+        tensors = tensors.get("model", tensors)
+        tensors[name].view(-1)[0] = value
+
+    return change
+
+
 def shrink_vocabulary(workspace: Path) -> None:
     """meta.json of 10 characters beside token ids of 65."""
     chars = json.loads((workspace / "data" / "shakespeare_char" / "meta.json").read_text())["chars"]
@@ -159,14 +169,22 @@ def gpt2_dir(
 
 
 def llama_dir(
-    config: Callable[[dict], None] = lambda config: None, tokenizer_json: str | None = None
+    config: Callable[[dict], None] = lambda config: None,
+    tokenizer_json: str | None = None,
+    weights: Callable[[dict], None] | None = None,
 ) -> Callable[[Path], None]:
     """A tiny Llama-family folder, llama/, exported from a model of ours, whose config.json config
-    changes and whose tokenizer.json is tokenizer_json, when given."""
+    changes, whose tensors weights changes and whose tokenizer.json is tokenizer_json, when given."""
 
     def setup(workspace: Path) -> None:
         model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)
         export_model(model, CharTokenizer("".join(chr(32 + i) for i in range(65))), workspace / "llama")
+        if weights is not None:
+            path = workspace / "llama" / "model.safetensors"
+            tensors = {name: t.clone() for name, t in read_safetensors(path).items()}  # not the mapped file's
+            weights(tensors)
+            with open(path, "wb") as f:
+                write_safetensors(tensors, f, metadata={"format": "pt"})
         settings = json.loads((workspace / "llama" / "config.json").read_text())
         config(settings)
         (workspace / "llama" / "config.json").write_text(json.dumps(settings))
@@ -380,7 +398,7 @@ CATALOGUE = [
     Case("hf-heads-that-do-not-divide-the-width", "sample.py", ["--init-from", "gpt2"], "gpt2/config.json sets n_embd=32 and n_head=3, which does not divide it: a gpt2 model's heads are n_embd / n_head wide", gpt2_dir(config=lambda c: c.update(n_head=3))),
     Case("hf-config-token-beyond-the-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' cannot be loaded: gpt2/config.json sets eos_token_id=64, which is not a token id below its vocab_size=64", gpt2_dir(config=lambda c: c.update(eos_token_id=64))),
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
-    Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "h.0.mlp.c_fc.weight holds NaN or infinite values", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
+    Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.mlp.c_fc.weight holds 4,096 NaN and 0 infinite values (of 4,096)", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
     Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
     Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
     Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
@@ -406,6 +424,18 @@ CATALOGUE = [
     Case("eval-unknown-task", "eval.py", [*EVAL, "hellaswagg"], "--tasks 'hellaswagg' is neither a built-in task (hellaswag, arc_easy"),
     Case("eval-text-outside-vocabulary", "eval.py", [*EVAL, "items.jsonl,odd.jsonl", "--json", "out.json"], "odd.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿', 'é'", lambda ws: (write("items.jsonl", ITEM)(ws), write("odd.jsonl", '{"ctx": "ROMEO: ¿qué?", "endings": ["a", "b"], "label": 0}\n')(ws))),
     Case("eval-same-task-twice", "eval.py", [*EVAL, "items.jsonl,sub/items.jsonl"], "--tasks names 'items' twice", lambda ws: write_files("items.jsonl", "sub/items.jsonl")(ws, ITEM)),
+    # weights that are not numbers, tensors of another shape
+    Case("eval-nan-checkpoint", "eval.py", [*EVAL, "items.jsonl"], "out/tiny/ckpt.pt: the weight transformer.h.1.mlp.c_fc.weight holds 1 NaN and 0 infinite values (of 4,096): the run diverged", lambda ws: (write("items.jsonl", ITEM)(ws), edit_checkpoint(set_value("transformer.h.1.mlp.c_fc.weight", float("nan")))(ws))),
+    Case("sample-infinite-checkpoint", "sample.py", ["--out-dir", "out/tiny"], "out/tiny/ckpt.pt: the weight transformer.wte.weight holds 0 NaN and 1 infinite values (of 2,080)", edit_checkpoint(set_value("transformer.wte.weight", float("-inf")))),
+    Case("export-nan-checkpoint", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "out/tiny/ckpt.pt: the weight transformer.h.1.mlp.c_fc.weight holds 1 NaN", edit_checkpoint(set_value("transformer.h.1.mlp.c_fc.weight", float("nan")))),
+    Case("resume-nan-checkpoint", "train.py", RESUME, "out/tiny/ckpt.pt: the weight transformer.h.1.mlp.c_fc.weight holds 1 NaN", edit_checkpoint(set_value("transformer.h.1.mlp.c_fc.weight", float("nan")))),
+    Case("hf-infinite-weight", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.0.self_attn.v_proj.weight holds 0 NaN and 1 infinite values (of 1,024)", llama_dir(weights=set_value("model.layers.0.self_attn.v_proj.weight", float("inf")))),
+    Case("fine-tune-from-nan-weights", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' cannot be loaded: gpt2/model.safetensors: transformer.h.1.attn.c_proj.weight holds 1 NaN", gpt2_dir(weights=set_value("transformer.h.1.attn.c_proj.weight", float("nan")))),
+    Case("checkpoint-tensor-of-the-wrong-shape", "train.py", RESUME, "out/tiny/ckpt.pt do not fit the model: transformer.h.1.mlp.c_proj.weight has shape (32, 64), the model needs (32, 128)", edit_checkpoint(lambda c: c["model"].update({"transformer.h.1.mlp.c_proj.weight": torch.zeros(32, 64)}))),
+    Case("hf-key-tensor-of-the-wrong-shape", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.0.self_attn.k_proj.weight has shape (16, 32) but config.json implies (32, 32)", llama_dir(weights=lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(16, 32)}))),
+    Case("hf-key-tensor-of-the-wrong-width", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.0.self_attn.k_proj.weight has shape (32, 16) but config.json implies (32, 32)", llama_dir(weights=lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(32, 16)}))),
+    Case("hf-mlp-tensor-of-the-wrong-shape", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.1.mlp.up_proj.weight has shape (64, 32) but config.json implies (85, 32)", llama_dir(weights=lambda t: t.update({"model.layers.1.mlp.up_proj.weight": torch.zeros(64, 32)}))),
+    Case("hf-fused-qkv-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.attn.c_attn.weight has shape (96, 32) but config.json implies (32, 96)", gpt2_dir(weights=lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(96, 32)}))),
 ]  # fmt: skip
 
 

@@ -287,6 +287,16 @@ def test_a_model_no_family_computes_is_refused_naming_the_switch(key, tmp_path):
     assert not (tmp_path / "export").exists()
 
 
+def test_a_model_with_weights_that_are_not_numbers_is_not_exported(tmp_path):
+    model = tiny_model(VOCAB, 48, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False)
+    with torch.no_grad():
+        model.transformer.h[1].attn.c_proj.weight[3, 4] = float("nan")
+    message = r"^--export cannot write this model: its weight transformer.h.1.attn.c_proj.weight holds 1 NaN and 0"
+    with pytest.raises(UserError, match=message):
+        export_model(model, TOKENIZER, tmp_path / "export")
+    assert not (tmp_path / "export").exists()
+
+
 def llama_config(config_class=transformers.LlamaConfig, **changes) -> dict:
     config = config_class(**SIZES).to_diff_dict()
     for key, value in changes.items():

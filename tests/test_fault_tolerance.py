@@ -257,6 +257,27 @@ def test_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_pa
     assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 5
 
 
+def test_weights_that_are_not_numbers_are_never_saved_over_the_last_good_checkpoint(tmp_path, data_dir):
+    """A step can leave NaN weights behind a finite loss (an infinite gradient clipped to NaN); a stop
+    right after it saves without an evaluation to notice, so the save itself refuses them."""
+
+    def break_weights_and_stop_at_step_8(trainer, loss):
+        if trainer.step == 7:  # the step just taken becomes step 8, between the checkpoints of 5 and 10
+            with torch.no_grad():
+                trainer.model.transformer.h[0].attn.c_attn.weight[0, 0] = float("nan")
+            signal.raise_signal(signal.SIGTERM)
+        return loss
+
+    trainer = trainer_with_hook(tmp_path / "run", data_dir, break_weights_and_stop_at_step_8)
+    message = (
+        r"the weights are not finite \(transformer.h.0.attn.c_attn.weight holds 1 NaN and 0 infinite values "
+        r"\(of 3,072\)\) at step 8: training stopped, .*ckpt.pt from step 5 is kept"
+    )
+    with pytest.raises(UserError, match=message):
+        trainer.fit()
+    assert load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"] == 5
+
+
 def test_a_run_whose_decay_follows_max_iters_resumes_bit_for_bit(tmp_path, data_dir, monkeypatch):
     """Stopped at step 7 and resumed from its config.toml, a run with lr_decay_iters unset takes the
     same rates and losses as the same run uninterrupted: the saved config holds the resolved decay."""

@@ -18,6 +18,7 @@ from data.loader import RandomWindows, check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT
+from model.families import non_finite
 from trainer.config import CHECKPOINT_NAME, check_token_keys, config_from_dict
 from trainer.objective import Objective
 from trainer.runtime import check_fits_in_memory
@@ -137,8 +138,9 @@ def load_checkpoint(path: Path) -> dict:
 
 
 def _check_contents(state: dict, path: Path) -> None:
-    """Every entry the trainer writes is there with its type, so that nothing fails later in the
-    middle of resuming or sampling: a hand-edited or damaged checkpoint is named here."""
+    """Every entry the trainer writes is there with its type, and every weight is a finite number, so
+    that nothing fails later in the middle of resuming or sampling, and nothing is scored or exported
+    from weights that are not numbers: a hand-edited, damaged or diverged checkpoint is named here."""
     fix = "the file was edited or damaged: use a copy of it, or an older ckpt_STEP.pt"
     for key, kind in KEY_TYPES.items():
         if key not in state:
@@ -150,6 +152,12 @@ def _check_contents(state: dict, path: Path) -> None:
     not_tensors = [name for name, value in state["model"].items() if not isinstance(value, torch.Tensor)]
     if not_tensors:
         raise UserError(f"{path}: the weight {not_tensors[0]!r} is not a tensor ({fix})")
+    problem = non_finite(state["model"])
+    if problem is not None:
+        raise UserError(
+            f"{path}: the weight {problem}: the run diverged before this checkpoint was written, or the file "
+            f"was damaged (use an older ckpt_STEP.pt, and resume from it with a lower optim.learning_rate)"
+        )
     check_meta(state["dataset"], f"the dataset metadata in {path}", fix)
     cfg = config_from_dict(state["config"], source=str(path))
     check_token_keys(cfg.model, state["dataset"]["vocab_size"], f"the dataset {path} was trained on", fix)

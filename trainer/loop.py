@@ -16,6 +16,7 @@ from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
+from model.families import non_finite
 from trainer.checkpoint import FORMAT_VERSION, check_weights, restore_rng_state, rng_state, save_checkpoint
 from trainer.config import (
     INIT_FROM,
@@ -325,8 +326,15 @@ class Trainer:
             self.log.log(record)
 
     def save(self) -> None:
-        """Write ckpt.pt: every process takes part, rank 0 writes."""
+        """Write ckpt.pt: every process takes part, rank 0 writes. Weights that are not all finite
+        stop the run instead, in every process, and the last checkpoint stays: a step can leave NaN
+        weights behind a finite loss (an infinite gradient norm clipped to NaN), and a stop saves
+        without the evaluation that would show them."""
         state = self.checkpoint_state()
+        # the full weights are rank 0's alone (cpu_offload); every process learns what it found
+        problem = self.world.gather(non_finite(state["model"]) if self.world.is_main else None)[0]
+        if problem is not None:
+            self._diverged(f"the weights are not finite ({problem})")
         if self.world.is_main:
             save_checkpoint(state, self.run_dir.checkpoint_path, self.cfg.train.keep_checkpoints)
         self.last_checkpoint_step = self.step

@@ -14,7 +14,7 @@ from data.files import atomic_open, check_writable_dir, make_dir
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
-from model.families import Family, family_for, hf_config, tensors_to_hf
+from model.families import Family, family_for, hf_config, non_finite, tensors_to_hf
 from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from trainer.config import Config
 
@@ -162,11 +162,15 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     """Write the Hugging Face folder of the family that computes model: config.json,
     model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json, which
-    transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the family."""
+    transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the family. Weights that are
+    not all finite numbers are refused before anything is written: import would refuse the folder."""
     try:
         family = family_for(model.config)
     except ValueError as e:
         raise UserError(f"--export cannot write this model: {e}") from None
+    problem = non_finite(model.state_dict())
+    if problem is not None:
+        raise UserError(f"--export cannot write this model: its weight {problem} (export one from before it diverged)")
     check_writable_dir(directory, "--export")
     held = _model_files(directory)
     if held:
