@@ -31,6 +31,12 @@ TOKENIZER_FILE = "tokenizer.json"  # in a dataset folder whose meta.json says to
 DOCUMENT_SEPARATORS = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>")
 BPE_SPECIAL_TOKENS = (END_OF_TEXT,)  # a trained BPE's special tokens, ids 0, 1, ...: the document separator
 MAX_VOCAB_SIZE = 1 << 20  # beyond any published tokenizer (Gemma's 262,144): a larger one is a typo
+# BPE training counts pair merges within each pre-token, and every merge rescans each pre-token that holds
+# the pair, so one huge pre-token (a line of letters with no space or punctuation) makes training quadratic
+# in its length: 200 KB took 33 s, 3 MB over 10 minutes. Training cuts longer pre-tokens into pieces of
+# this many bytes; text of words, numbers and punctuation has no pre-token this long, so its merges are
+# the same with or without the cut. Encoding is not cut: only the merges learnt are bounded.
+BPE_TRAINING_PIECE_BYTES = 1024
 BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's tokens for single bytes
 
 
@@ -234,11 +240,16 @@ def train_bpe(
 ) -> JsonTokenizer:
     """A byte-level BPE of vocab_size tokens trained on texts (GPT-2's scheme: GPT-2's split pattern,
     merges over UTF-8 bytes, so any text encodes with no unknown token). Ids: BPE_SPECIAL_TOKENS first,
-    then the 256 bytes, then the merges in the order they were learnt. length is the number of texts,
-    for the progress bar."""
+    then the 256 bytes, then the merges in the order they were learnt. Merges are learnt within pieces
+    of at most BPE_TRAINING_PIECE_BYTES, so that a text with no spaces trains in seconds. length is
+    the number of texts, for the progress bar (the tokenizers package's, shown on a terminal)."""
     check_bpe_vocab_size(vocab_size)
+    pre_tokenizers = tokenizers.pre_tokenizers
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # each byte is one character after ByteLevel, so the bound is in bytes (see BPE_TRAINING_PIECE_BYTES)
+    bounded = pre_tokenizers.Split(tokenizers.Regex(f".{{1,{BPE_TRAINING_PIECE_BYTES}}}"), behavior="isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, bounded])
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -257,6 +268,7 @@ def train_bpe(
     tokenizer.train_from_iterator(counted(), trainer=trainer, length=length)
     if characters == 0:
         raise UserError("the corpus (or its train split) is empty: there is no text to train the tokenizer on")
+    tokenizer.pre_tokenizer = split  # encoding splits as GPT-2 does, pre-tokens of any length whole
     return JsonTokenizer(tokenizer.to_str())
 
 

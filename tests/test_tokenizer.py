@@ -156,6 +156,17 @@ def test_bpe_vocabulary_below_the_bytes_or_absurdly_large_is_refused(vocab_size)
         train_bpe([BPE_CORPUS], vocab_size, progress=False)
 
 
+def test_bpe_training_cuts_only_pre_tokens_longer_than_its_bound(monkeypatch):
+    plain = trained_bpe().to_json()
+    monkeypatch.setattr(tokenizer_module, "BPE_TRAINING_PIECE_BYTES", 16)  # longer than BPE_CORPUS's pre-tokens
+    assert trained_bpe().to_json() == plain  # text of words learns the same merges
+    line = "abcdefghijklmnopqrstuvwxyz" * 400  # one pre-token of 10,400 bytes: quadratic training uncut
+    tokenizer = train_bpe([BPE_CORPUS, line], 600, progress=False)
+    assert max(len(tokenizer.token_bytes(token)) for token in range(tokenizer.vocab_size)) <= 16
+    assert tokenizer.encoding is not None  # encoded as GPT-2 splits, whole pre-tokens, by tiktoken
+    assert tokenizer.decode(tokenizer.encode_array(line).tolist()) == line
+
+
 def test_bpe_on_an_empty_corpus_is_refused():
     with pytest.raises(UserError, match=r"corpus \(or its train split\) is empty"):
         train_bpe(["", ""], 300, progress=False)
