@@ -24,7 +24,7 @@ from errors import run_cli
 from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
 from model.hf import write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 from trainer.pretrained import export_model
 
@@ -174,6 +174,22 @@ def llama_dir(
             (workspace / "llama" / "tokenizer.json").write_text(tokenizer_json)
 
     return setup
+
+
+def export_run(workspace: Path) -> None:
+    """exported/: the trained run out/tiny as sample.py --export writes it, its 65 characters as a tokenizer.json."""
+    path = workspace / "out" / "tiny" / "ckpt.pt"
+    export_model(*model_from_checkpoint(load_checkpoint(path), path), workspace / "exported")
+
+
+def word_level_tokenizer_json() -> str:
+    """A tokenizer.json of 65 words, split at spaces (which no token stands for: a WordLevel's design)."""
+    import tokenizers
+
+    vocab = {"[UNK]": 0} | {f"word{i}": i for i in range(1, 65)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return tokenizer.to_str()
 
 
 def lie_about_header_length(workspace: Path) -> None:
@@ -406,6 +422,11 @@ CATALOGUE = [
     Case("eval-unknown-task", "eval.py", [*EVAL, "hellaswagg"], "--tasks 'hellaswagg' is neither a built-in task (hellaswag, arc_easy"),
     Case("eval-text-outside-vocabulary", "eval.py", [*EVAL, "items.jsonl,odd.jsonl", "--json", "out.json"], "odd.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿', 'é'", lambda ws: (write("items.jsonl", ITEM)(ws), write("odd.jsonl", '{"ctx": "ROMEO: ¿qué?", "endings": ["a", "b"], "label": 0}\n')(ws))),
     Case("eval-same-task-twice", "eval.py", [*EVAL, "items.jsonl,sub/items.jsonl"], "--tasks names 'items' twice", lambda ws: write_files("items.jsonl", "sub/items.jsonl")(ws, ITEM)),
+    # tokenizers read from a file refuse what their vocabulary cannot encode, as the run's own does
+    Case("exported-prompt-outside-vocabulary", "sample.py", ["--init-from", "exported", "--prompt", "ROMEO: ¿qué?"], "the text has characters that exported/tokenizer.json cannot encode: '¿' at character 7 (it has no token for it and would drop it", export_run),
+    Case("exported-prompt-of-only-unencodable-characters", "sample.py", ["--init-from", "exported", "--prompt", "¿¿"], "the text has characters that exported/tokenizer.json cannot encode: '¿' at character 0", export_run),
+    Case("prompt-that-encodes-to-no-tokens", "sample.py", ["--init-from", "llama", "--prompt", "   "], "the prompt '   ' encodes to no tokens: give a prompt with text the tokenizer keeps", llama_dir(tokenizer_json=word_level_tokenizer_json())),
+    Case("eval-ending-outside-an-exported-vocabulary", "eval.py", ["--init-from", "exported", "--device", "cpu", "--no-progress", "--tasks", "odd.jsonl"], "odd.jsonl item 1: the text has characters that exported/tokenizer.json cannot encode: '¿' at character 7", lambda ws: (export_run(ws), write("odd.jsonl", '{"ctx": "ROMEO:", "endings": ["¿¿", "Peace!"], "label": 0}\n')(ws))),
 ]  # fmt: skip
 
 
