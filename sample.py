@@ -253,6 +253,8 @@ def main() -> None:
     rows = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)
+        if not prompt_ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
+            raise UserError(f"the prompt {prompt!r} encodes to no tokens: give a prompt with text the tokenizer keeps")
         if len(prompt_ids) > block_size:
             raise UserError(
                 f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "

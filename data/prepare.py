@@ -25,7 +25,8 @@ Tokenizers: char (the corpus's characters), gpt2 (GPT-2's BPE), bpe (a byte-leve
 --vocab-size tokens trained here, with the `tokenizers` package, on the train split only, so that
 val stays unseen text) or the path of any tokenizer.json (a Hugging Face model folder's, or one
 trained before). A BPE or a given tokenizer.json is written to OUT/tokenizer.json, and meta.json
-records its sha256, so that a run refuses a dataset or checkpoint of another tokenizer.
+records its sha256, so that a run refuses a dataset or checkpoint of another tokenizer. A corpus
+character that a given tokenizer.json cannot encode is refused, naming its document and position.
 
 Token ids are uint16 when the vocabulary fits, else uint32. Documents are read in batches,
 tokenized by --num-proc threads (tiktoken releases the GIL) and written as they come, so memory
@@ -64,6 +65,7 @@ from data.tokenizer import (  # noqa: E402
     GPT2Tokenizer,
     JsonTokenizer,
     Tokenizer,
+    UnencodableText,
     check_bpe_vocab_size,
     train_bpe,
 )
@@ -99,6 +101,8 @@ class Piece(NamedTuple):
     text: str
     split: int  # TRAIN or VAL
     ends_document: bool  # the last piece of its document: a separator follows it (if any)
+    where: str  # its document, for messages: the corpus's name, and the document's index if it has several
+    start: int  # its first character's index in that document
 
 
 class Encoded(NamedTuple):
@@ -201,7 +205,7 @@ def corpus_pieces(
     first_two = list(itertools.islice(documents, 2))
     if len(first_two) == 1:
         return cut_single_document(first_two[0], corpus.name, val_fraction), True
-    return split_documents(itertools.chain(first_two, documents), val_fraction, seed), False
+    return split_documents(itertools.chain(first_two, documents), corpus.name, val_fraction, seed), False
 
 
 def read_documents(corpus: Corpus, max_documents: int | None) -> Iterator[str]:
@@ -224,18 +228,21 @@ def cut_single_document(text: str, name: str, val_fraction: float) -> Iterator[P
     if not text:
         raise UserError(f"{name} is empty: there is nothing to train on")
     cut = int(len(text) * (1 - val_fraction))
-    for split, part in ((TRAIN, text[:cut]), (VAL, text[cut:])):
-        parts = split_long(part)
+    for split, (start, end) in ((TRAIN, (0, cut)), (VAL, (cut, len(text)))):
+        parts = split_long(text[start:end])
         for i, piece in enumerate(parts):
-            yield Piece(piece, split, split == VAL and i == len(parts) - 1)
+            yield Piece(piece, split, split == VAL and i == len(parts) - 1, name, start)
+            start += len(piece)
 
 
-def split_documents(documents: Iterable[str], val_fraction: float, seed: int) -> Iterator[Piece]:
+def split_documents(documents: Iterable[str], name: str, val_fraction: float, seed: int) -> Iterator[Piece]:
     for index, text in enumerate(documents):
         split = VAL if in_val(index, seed, val_fraction) else TRAIN
         parts = split_long(text)
+        start = 0
         for i, piece in enumerate(parts):
-            yield Piece(piece, split, i == len(parts) - 1)
+            yield Piece(piece, split, i == len(parts) - 1, f"{name} document {index:,}", start)
+            start += len(piece)
 
 
 def in_val(index: int, seed: int, val_fraction: float) -> bool:
@@ -275,13 +282,18 @@ def batch_pieces(pieces: Iterable[Piece]) -> Iterator[list[Piece]]:
 
 
 def encode_job(job: list[Piece], tokenizer: Tokenizer, dtype: type, separator: int | None) -> Encoded:
-    """Tokenize one job (in a worker thread)."""
+    """Tokenize one job (in a worker thread). Text the tokenizer cannot encode (a given tokenizer.json's
+    vocabulary may not cover the corpus) is refused, naming its document and character."""
     ids = ([], [])
     text_bytes = [0, 0]
     eot = np.array([] if separator is None else [separator], dtype=dtype)
     for piece in job:
         text_bytes[piece.split] += len(piece.text.encode("utf-8"))  # valid: Arrow strings are UTF-8
-        ids[piece.split].append(tokenizer.encode_array(piece.text).astype(dtype, copy=False))
+        try:
+            piece_ids = tokenizer.encode_array(piece.text)
+        except UnencodableText as e:
+            raise UserError(f"{piece.where}: {e.message(offset=piece.start)}") from None
+        ids[piece.split].append(piece_ids.astype(dtype, copy=False))
         if piece.ends_document:
             ids[piece.split].append(eot)
     joined = tuple(np.concatenate(part) if part else np.empty(0, dtype) for part in ids)

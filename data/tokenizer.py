@@ -31,6 +31,12 @@ TOKENIZER_FILE = "tokenizer.json"  # in a dataset folder whose meta.json says to
 DOCUMENT_SEPARATORS = (END_OF_TEXT, "<|end_of_text|>", "</s>", "<eos>")
 BPE_SPECIAL_TOKENS = (END_OF_TEXT,)  # a trained BPE's special tokens, ids 0, 1, ...: the document separator
 MAX_VOCAB_SIZE = 1 << 20  # beyond any published tokenizer (Gemma's 262,144): a larger one is a typo
+# BPE training counts pair merges within each pre-token, and every merge rescans each pre-token that holds
+# the pair, so one huge pre-token (a line of letters with no space or punctuation) makes training quadratic
+# in its length: 200 KB took 33 s, 3 MB over 10 minutes. Training cuts longer pre-tokens into pieces of
+# this many bytes; text of words, numbers and punctuation has no pre-token this long, so its merges are
+# the same with or without the cut. Encoding is not cut: only the merges learnt are bounded.
+BPE_TRAINING_PIECE_BYTES = 1024
 BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's tokens for single bytes
 
 
@@ -144,13 +150,36 @@ def merge_pair(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
     return parts[0], parts[1]
 
 
+class UnencodableText(UserError):
+    """Text that a tokenizer read from a file cannot encode: the first part it would lose (a character,
+    or the span read as its unknown token) and where that starts in the text (0-based characters)."""
+
+    def __init__(self, lost: str, position: int, source: str, reason: str):
+        self.lost, self.position, self.source, self.reason = lost, position, source, reason
+        super().__init__(self.message())
+
+    def message(self, offset: int = 0) -> str:
+        """The one-line refusal, the position counted from offset characters before the text (where the
+        text is a piece of a longer one)."""
+        return (
+            f"the text has characters that {self.source} cannot encode: {self.lost!r} at character "
+            f"{self.position + offset:,} ({self.reason}; use only text its vocabulary covers)"
+        )
+
+
 class JsonTokenizer:
     """Any tokenizer that the `tokenizers` package loads from a tokenizer.json: a byte-level BPE
     trained by data/prepare.py, or the tokenizer of a Hugging Face model folder (Llama, Qwen, ...).
 
     Token ids are the file's own. The file's text is kept (`to_json`) so that a dataset and a checkpoint
     can carry it, and identifies the vocabulary by its sha256. The encoder's post-processor (a BOS
-    token some models add) is not applied: datasets separate documents with eot_token instead.
+    token some models add) is not applied: datasets separate documents with eot_token instead; nor
+    is a truncation or padding the file asks for: every character of a text is encoded.
+
+    Text the vocabulary cannot encode is refused (UnencodableText), as CharTokenizer refuses it: a
+    tokenizer.json may hold no unknown token (a character vocabulary exported by sample.py --export
+    has none), and then the `tokenizers` package drops such characters without a word.
+    See encoded_ids for how a loss is seen.
     """
 
     name = "json"
@@ -163,6 +192,7 @@ class JsonTokenizer:
                 f"{source} is not a tokenizer.json that the tokenizers package can load ({str(e).splitlines()[0]}); "
                 f"give the tokenizer.json of a trained tokenizer or of a Hugging Face model folder"
             ) from None
+        self.source = source
         self.text = text
         self.sha256 = tokenizer_json_sha256(text)
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)  # token string -> id
@@ -172,10 +202,12 @@ class JsonTokenizer:
         added = self.tokenizer.get_added_tokens_decoder()  # id -> AddedToken
         specials = {token.content: token_id for token_id, token in added.items() if token.special}
         self.eot_token = next((specials[s] for s in DOCUMENT_SEPARATORS if s in specials), None)
+        self.prompt_tokenizer = plain_encoder(text)
         # corpus text is encoded with special-token strings as plain text, as GPT2Tokenizer's encode_ordinary does
-        self.corpus_tokenizer = tokenizers.Tokenizer.from_str(text)
+        self.corpus_tokenizer = plain_encoder(text)
         self.corpus_tokenizer.encode_special_tokens = True
         state = json.loads(text)
+        self.unknown = unknown_token(state["model"], vocab)  # (id, text) of the model's unknown token, or None
         self.byte_table = token_byte_table(self.tokenizer, state, self.vocab_size, added)
         self.encoding = tiktoken_twin(state, added)  # None: encoded by the tokenizers package
 
@@ -192,15 +224,45 @@ class JsonTokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Encode a prompt; a special token's string in it (e.g. <|endoftext|>) becomes that token."""
-        if self.encoding is not None:
+        if self.encoding is not None:  # the tiktoken twin: every byte is a token, nothing is lost
             return self.encoding.encode(text, allowed_special="all")
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.encoded_ids(self.prompt_tokenizer, text).tolist()
 
     def encode_array(self, text: str) -> np.ndarray:
         """Encode corpus text into a uint32 array: special-token strings in it are plain text."""
         if self.encoding is not None:
             return self.encoding.encode_to_numpy(text, disallowed_special=())
-        return np.array(self.corpus_tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.uint32)
+        return self.encoded_ids(self.corpus_tokenizer, text).astype(np.uint32)
+
+    def encoded_ids(self, encoder: tokenizers.Tokenizer, text: str) -> np.ndarray:
+        """The ids of text, or UnencodableText naming the first part its vocabulary cannot encode. The
+        Encoding's offsets (the characters each token stands for) show the two ways a vocabulary loses
+        text, at the cost of one pass over them: a span read as the model's unknown token (WordLevel,
+        WordPiece, Unigram, a BPE that has one; byte fallback spares it), or characters that no token
+        stands for (a BPE with no unknown token drops them). Characters that the file's normalizer or
+        pre-tokenizer removes by design (the spaces between a WordLevel's words, runs of spaces that
+        SentencePiece folds into one) are not a vocabulary's loss: they are looked for only when some
+        character has no token. Byte-level BPEs cover every character."""
+        encoding = encoder.encode(text, add_special_tokens=False)
+        ids = np.array(encoding.ids, dtype=np.int64)
+        unknown = self._unknown_spans(text, ids, encoding.offsets)
+        covered = coverage(encoding.offsets, len(text))
+        dropped = None if covered.all() else first_dropped(encoder, text, covered)
+        if dropped is not None and (not unknown or dropped < unknown[0][0]):
+            raise UnencodableText(text[dropped], dropped, self.source, "it has no token for it and would drop it")
+        if unknown:
+            start, end = unknown[0]
+            reason = f"it would read them as its unknown token {self.unknown[1]!r}"
+            raise UnencodableText(text[start:end], start, self.source, reason)
+        return ids
+
+    def _unknown_spans(self, text: str, ids: np.ndarray, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The (start, end) characters read as the unknown token, unless the text spells that token."""
+        if self.unknown is None:
+            return []
+        unknown_id, spelling = self.unknown
+        spans = (offsets[i] for i in np.flatnonzero(ids == unknown_id))
+        return [(start, end) for start, end in spans if text[start:end] != spelling]
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
@@ -211,6 +273,69 @@ class JsonTokenizer:
     def to_json(self) -> str:
         """The tokenizer.json text, as given."""
         return self.text
+
+
+def plain_encoder(text: str) -> tokenizers.Tokenizer:
+    """The tokenizer of a tokenizer.json as encode uses it: no post-processor (with no special tokens
+    added, it would only move offsets: ByteLevel's trim_offsets leaves spaces outside every token),
+    no truncation (a classifier's 512 tokens would cut a document short) and no padding."""
+    encoder = tokenizers.Tokenizer.from_str(text)
+    encoder.post_processor = None
+    encoder.no_truncation()
+    encoder.no_padding()
+    return encoder
+
+
+def unknown_token(model: dict, vocab: dict[str, int]) -> tuple[int, str] | None:
+    """The id and text of the token a tokenizer.json's model reads unknown text as, if it has one:
+    unk_token for BPE, WordPiece and WordLevel, unk_id for Unigram."""
+    if model.get("type") == "Unigram":
+        unk_id = model.get("unk_id")
+        return None if unk_id is None else (unk_id, model["vocab"][unk_id][0])
+    spelling = model.get("unk_token")
+    return (vocab[spelling], spelling) if spelling in vocab else None
+
+
+def coverage(offsets: list[tuple[int, int]], length: int) -> np.ndarray:
+    """Which of the length characters of a text lie in some (start, end) span of offsets."""
+    if not offsets:
+        return np.zeros(length, dtype=bool)
+    flat = itertools.chain.from_iterable(offsets)  # np.fromiter reads this 3 times faster than a list of pairs
+    spans = np.fromiter(flat, dtype=np.int64, count=2 * len(offsets)).reshape(-1, 2)  # (spans, 2)
+    opened = np.bincount(spans[:, 0], minlength=length + 1)
+    closed = np.bincount(spans[:, 1], minlength=length + 1)
+    return np.cumsum(opened - closed)[:length] > 0  # spans over each character
+
+
+def handed_to_model(encoder: tokenizers.Tokenizer, text: str) -> np.ndarray:
+    """Which characters of text the encoder's normalizer and pre-tokenizer keep for its model."""
+    pretokenized = tokenizers.PreTokenizedString(text)
+    if encoder.normalizer is not None:
+        pretokenized.normalize(encoder.normalizer.normalize)
+    if encoder.pre_tokenizer is not None:
+        encoder.pre_tokenizer.pre_tokenize(pretokenized)
+    splits = pretokenized.get_splits(offset_referential="original", offset_type="char")
+    return coverage([offsets for _, offsets, _ in splits], len(text))
+
+
+def first_dropped(encoder: tokenizers.Tokenizer, text: str, covered: np.ndarray) -> int | None:
+    """The first character of text that its model drops (handed to it, yet in no token), given which
+    characters the encoding's tokens cover; None if the characters without a token are only those
+    that the normalizer or pre-tokenizer removes. A BPE that drops a character shifts the offsets of the
+    rest of its word, so they do not say which character it was: a bisection on the text's beginnings
+    finds it (the shortest beginning that loses a character ends with it)."""
+
+    def loses(end: int, covered: np.ndarray) -> bool:
+        return bool((handed_to_model(encoder, text[:end]) & ~covered).any())
+
+    if not loses(len(text), covered):
+        return None
+    kept, lost = 0, len(text)  # text[:kept] loses nothing, text[:lost] loses a character
+    while lost - kept > 1:
+        middle = (kept + lost) // 2
+        offsets = encoder.encode(text[:middle], add_special_tokens=False).offsets
+        kept, lost = (kept, middle) if loses(middle, coverage(offsets, middle)) else (middle, lost)
+    return lost - 1
 
 
 def tokenizer_json_sha256(text: str) -> str:
@@ -234,11 +359,16 @@ def train_bpe(
 ) -> JsonTokenizer:
     """A byte-level BPE of vocab_size tokens trained on texts (GPT-2's scheme: GPT-2's split pattern,
     merges over UTF-8 bytes, so any text encodes with no unknown token). Ids: BPE_SPECIAL_TOKENS first,
-    then the 256 bytes, then the merges in the order they were learnt. length is the number of texts,
-    for the progress bar."""
+    then the 256 bytes, then the merges in the order they were learnt. Merges are learnt within pieces
+    of at most BPE_TRAINING_PIECE_BYTES, so that a text with no spaces trains in seconds. length is
+    the number of texts, for the progress bar (the tokenizers package's, shown on a terminal)."""
     check_bpe_vocab_size(vocab_size)
+    pre_tokenizers = tokenizers.pre_tokenizers
+    split = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # each byte is one character after ByteLevel, so the bound is in bytes (see BPE_TRAINING_PIECE_BYTES)
+    bounded = pre_tokenizers.Split(tokenizers.Regex(f".{{1,{BPE_TRAINING_PIECE_BYTES}}}"), behavior="isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, bounded])
     tokenizer.decoder = tokenizers.decoders.ByteLevel()
     trainer = tokenizers.trainers.BpeTrainer(
         vocab_size=vocab_size,
@@ -257,6 +387,7 @@ def train_bpe(
     tokenizer.train_from_iterator(counted(), trainer=trainer, length=length)
     if characters == 0:
         raise UserError("the corpus (or its train split) is empty: there is no text to train the tokenizer on")
+    tokenizer.pre_tokenizer = split  # encoding splits as GPT-2 does, pre-tokens of any length whole
     return JsonTokenizer(tokenizer.to_str())
 
 

@@ -351,8 +351,10 @@ def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> di
     if config.pos_emb == "rope":
         hf["rope_parameters"] = rope
         hf["rope_theta"] = rope["rope_theta"]  # where readers older than transformers 5 look
-    if eos_token_id is not None:
-        hf["bos_token_id"] = hf["eos_token_id"] = eos_token_id
+    # written even when None (null: a character vocabulary has no end-of-text token), since a config.json
+    # without them reads as its class's defaults (GPT-2's 50256, Llama's 1 and 2), which transformers'
+    # save_pretrained then writes down: ids beyond a small vocabulary, or characters taken for text's end
+    hf["bos_token_id"] = hf["eos_token_id"] = eos_token_id
     return hf
 
 

@@ -24,7 +24,7 @@ from errors import run_cli
 from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
 from model.hf import read_safetensors, write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
-from trainer.checkpoint import load_checkpoint
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 from trainer.pretrained import export_model
 
@@ -192,6 +192,22 @@ def llama_dir(
             (workspace / "llama" / "tokenizer.json").write_text(tokenizer_json)
 
     return setup
+
+
+def export_run(workspace: Path) -> None:
+    """exported/: the trained run out/tiny as sample.py --export writes it, its 65 characters as a tokenizer.json."""
+    path = workspace / "out" / "tiny" / "ckpt.pt"
+    export_model(*model_from_checkpoint(load_checkpoint(path), path), workspace / "exported")
+
+
+def word_level_tokenizer_json() -> str:
+    """A tokenizer.json of 65 words, split at spaces (which no token stands for: a WordLevel's design)."""
+    import tokenizers
+
+    vocab = {"[UNK]": 0} | {f"word{i}": i for i in range(1, 65)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+    return tokenizer.to_str()
 
 
 def lie_about_header_length(workspace: Path) -> None:
@@ -436,6 +452,11 @@ CATALOGUE = [
     Case("hf-key-tensor-of-the-wrong-width", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.0.self_attn.k_proj.weight has shape (32, 16) but config.json implies (32, 32)", llama_dir(weights=lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(32, 16)}))),
     Case("hf-mlp-tensor-of-the-wrong-shape", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.1.mlp.up_proj.weight has shape (64, 32) but config.json implies (85, 32)", llama_dir(weights=lambda t: t.update({"model.layers.1.mlp.up_proj.weight": torch.zeros(64, 32)}))),
     Case("hf-fused-qkv-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.attn.c_attn.weight has shape (96, 32) but config.json implies (32, 96)", gpt2_dir(weights=lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(96, 32)}))),
+    # tokenizers read from a file refuse what their vocabulary cannot encode, as the run's own does
+    Case("exported-prompt-outside-vocabulary", "sample.py", ["--init-from", "exported", "--prompt", "ROMEO: ¿qué?"], "the text has characters that exported/tokenizer.json cannot encode: '¿' at character 7 (it has no token for it and would drop it", export_run),
+    Case("exported-prompt-of-only-unencodable-characters", "sample.py", ["--init-from", "exported", "--prompt", "¿¿"], "the text has characters that exported/tokenizer.json cannot encode: '¿' at character 0", export_run),
+    Case("prompt-that-encodes-to-no-tokens", "sample.py", ["--init-from", "llama", "--prompt", "   "], "the prompt '   ' encodes to no tokens: give a prompt with text the tokenizer keeps", llama_dir(tokenizer_json=word_level_tokenizer_json())),
+    Case("eval-ending-outside-an-exported-vocabulary", "eval.py", ["--init-from", "exported", "--device", "cpu", "--no-progress", "--tasks", "odd.jsonl"], "odd.jsonl item 1: the text has characters that exported/tokenizer.json cannot encode: '¿' at character 7", lambda ws: (export_run(ws), write("odd.jsonl", '{"ctx": "ROMEO:", "endings": ["¿¿", "Peace!"], "label": 0}\n')(ws))),
 ]  # fmt: skip
 
 

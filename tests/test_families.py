@@ -351,6 +351,24 @@ def test_a_gpt2_bpe_model_exports_its_tokenizer_for_autotokenizer(tmp_path):
     assert tokenizer.decode(ids) == GPT2Tokenizer().decode(ids)
 
 
+@pytest.mark.parametrize("key", ["gpt2", "llama"])
+def test_a_character_export_saved_again_by_transformers_imports_with_no_end_of_text_token(key, tmp_path):
+    """A character vocabulary has no end-of-text token: config.json says so (null), so transformers
+    neither fills in its class's default ids (GPT-2's 50256, beyond the vocabulary; Llama's 2, a
+    character) nor stops generating at one, and its save_pretrained writes a folder we import."""
+    switches_, _ = OUR_MODELS[key]
+    model = trained_like(tiny_model(VOCAB, 48, **switches_), 3)
+    export_model(model, TOKENIZER, tmp_path / "export")
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export")
+    assert reference.config.eos_token_id is None and reference.generation_config.eos_token_id is None
+    reference.save_pretrained(tmp_path / "saved")
+    transformers.AutoTokenizer.from_pretrained(tmp_path / "export").save_pretrained(tmp_path / "saved")
+    imported, tokenizer, _ = model_from_pretrained(str(tmp_path / "saved"), key="--init-from")
+    assert tokenizer.eot_token is None
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(imported.state_dict()[name], tensor), name
+
+
 QUICKSTART_SWITCHES = ("bias", "pos_emb", "norm", "qk_norm", "mlp", "n_kv_head", "tie_embeddings", "logit_softcap")
 
 

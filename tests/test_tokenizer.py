@@ -156,6 +156,17 @@ def test_bpe_vocabulary_below_the_bytes_or_absurdly_large_is_refused(vocab_size)
         train_bpe([BPE_CORPUS], vocab_size, progress=False)
 
 
+def test_bpe_training_cuts_only_pre_tokens_longer_than_its_bound(monkeypatch):
+    plain = trained_bpe().to_json()
+    monkeypatch.setattr(tokenizer_module, "BPE_TRAINING_PIECE_BYTES", 16)  # longer than BPE_CORPUS's pre-tokens
+    assert trained_bpe().to_json() == plain  # text of words learns the same merges
+    line = "abcdefghijklmnopqrstuvwxyz" * 400  # one pre-token of 10,400 bytes: quadratic training uncut
+    tokenizer = train_bpe([BPE_CORPUS, line], 600, progress=False)
+    assert max(len(tokenizer.token_bytes(token)) for token in range(tokenizer.vocab_size)) <= 16
+    assert tokenizer.encoding is not None  # encoded as GPT-2 splits, whole pre-tokens, by tiktoken
+    assert tokenizer.decode(tokenizer.encode_array(line).tolist()) == line
+
+
 def test_bpe_on_an_empty_corpus_is_refused():
     with pytest.raises(UserError, match=r"corpus \(or its train split\) is empty"):
         train_bpe(["", ""], 300, progress=False)
@@ -262,3 +273,108 @@ def test_a_bpe_whose_ids_do_not_follow_its_merges_is_left_to_the_tokenizers_pack
     tokenizer = JsonTokenizer(json.dumps(state))
     assert tokenizer.encoding is None  # tiktoken would apply the two merges in the wrong order
     assert tokenizer.encode_array(SAMPLE).tolist() == tokenizer.corpus_tokenizer.encode(SAMPLE).ids
+
+
+# Tokenizer.json files of each kind the tokenizers package builds offline, trained on a few words.
+WORDS = ["hello world, this is a test of the tokenizer", "abc def ghi jkl"] * 50
+KNOWN = "hello world, this is a test"
+
+
+def wordlevel() -> tokenizers.Tokenizer:
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train_from_iterator(WORDS, tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    return tokenizer
+
+
+def wordpiece() -> tokenizers.Tokenizer:
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)  # strips accents too
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tokenizer.train_from_iterator(WORDS, tokenizers.trainers.WordPieceTrainer(vocab_size=100, special_tokens=["[UNK]"]))
+    return tokenizer
+
+
+def metaspace_bpe() -> tokenizers.Tokenizer:
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", fuse_unk=True))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Metaspace()
+    tokenizer.train_from_iterator(WORDS, tokenizers.trainers.BpeTrainer(vocab_size=100, special_tokens=["<unk>"]))
+    return tokenizer
+
+
+def unigram() -> tokenizers.Tokenizer:
+    tokenizer = tokenizers.SentencePieceUnigramTokenizer()  # folds runs of spaces into one, as SentencePiece does
+    tokenizer.train_from_iterator(WORDS, 60, unk_token="<unk>", special_tokens=["<unk>"], show_progress=False)
+    return tokenizer._tokenizer
+
+
+def byte_level_nfc() -> tokenizers.Tokenizer:
+    """Qwen's scheme (NFC first), so not the tiktoken twin's; its post-processor trims offsets, and the
+    file asks for truncation at 4 tokens."""
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.normalizer = tokenizers.normalizers.NFC()
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer.post_processor = tokenizers.processors.ByteLevel(trim_offsets=True)
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    tokenizer.train_from_iterator(WORDS, tokenizers.trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet))
+    tokenizer.enable_truncation(4)
+    return tokenizer
+
+
+def character_export() -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_str(CharTokenizer.from_text(KNOWN).to_json())
+
+
+# kind -> (its tokenizer.json, text beyond its vocabulary, what is lost and where, how)
+LOSSY = {
+    "characters-exported": (character_export, "hello wörld", "'ö' at character 7", "it has no token for it"),
+    "wordlevel": (wordlevel, "hello wörld", "'wörld' at character 6", "unknown token '[UNK]'"),
+    "wordpiece": (wordpiece, "hello 東京", "'東' at character 6", "unknown token '[UNK]'"),
+    "metaspace-bpe-with-unk": (metaspace_bpe, "this is é", "'é' at character 8", "unknown token '<unk>'"),
+    "unigram": (unigram, "a test of ö", "'ö' at character 10", "unknown token '<unk>'"),
+}
+
+
+@pytest.mark.parametrize("kind", LOSSY)
+def test_a_tokenizer_json_refuses_text_its_vocabulary_cannot_encode(kind):
+    build, text, lost, reason = LOSSY[kind]
+    built = build()
+    tokenizer = JsonTokenizer(built.to_str(), source="models/x/tokenizer.json")
+    assert tokenizer.encode(KNOWN) == tokenizer.encode_array(KNOWN).tolist() == built.encode(KNOWN).ids
+    for encode in (tokenizer.encode, tokenizer.encode_array):  # prompts and corpus text alike
+        with pytest.raises(UserError, match="characters that models/x/tokenizer.json cannot encode: ") as e:
+            encode(f"{text}, and more")
+        assert lost in str(e.value) and reason in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["characters-exported", "wordlevel"])
+def test_the_first_lost_character_is_named_even_where_the_offsets_after_it_shift(kind):
+    """A BPE without an unknown token drops a character and shifts the offsets of the rest of its word."""
+    tokenizer = JsonTokenizer(LOSSY[kind][0]().to_str())
+    text = KNOWN + " " + KNOWN.replace("test", "tést") + " ¿"
+    first = text.index("tést") if kind == "wordlevel" else text.index("é")  # the unknown word, or the character
+    with pytest.raises(UserError, match=f"at character {first} "):
+        tokenizer.encode(text)
+
+
+def sentencepiece_byte_fallback() -> tokenizers.Tokenizer:
+    return tokenizers.Tokenizer.from_str(sentencepiece_style().to_json())
+
+
+@pytest.mark.parametrize("build", [sentencepiece_byte_fallback, byte_level_nfc])
+def test_byte_fallback_and_byte_level_tokenizer_jsons_encode_any_text_whole(build):
+    """No refusal where nothing is lost, and nothing cut: a file's truncation and trimmed offsets are ignored."""
+    tokenizer = JsonTokenizer(build().to_str())
+    text = "hello wörld  naïve\n東京 🙂 " * 3
+    ids = tokenizer.encode_array(text).tolist()
+    assert tokenizer.encode(text) == ids and len(ids) > 4
+    assert tokenizer.decode(ids) == text
+
+
+@pytest.mark.parametrize("build,text", [(wordlevel, "hello   world\n"), (unigram, "hello   world")])
+def test_what_a_pre_tokenizer_or_normalizer_removes_by_design_is_not_refused(build, text):
+    """A WordLevel's spaces between words and SentencePiece's runs of spaces folded into one are
+    the tokenizer's design, not characters outside its vocabulary."""
+    built = build()
+    assert JsonTokenizer(built.to_str()).encode(text) == built.encode(text).ids
