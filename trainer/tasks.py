@@ -74,6 +74,8 @@ def cloze(text: str, where: str) -> Item:
 
 @dataclass(frozen=True)
 class Shape:
+    """What one field takes: the error line says `accepts` after naming the field, its value and `problem`."""
+
     accepts: str  # what the field takes, in words, for the error line
     problem: Callable[[object], str | None]  # what is wrong with a value (after the field's name), or None
 
@@ -90,14 +92,15 @@ def _shown(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _text_problem(value: object) -> str | None:
-    if not isinstance(value, str):
-        return f"={_shown(value)} is {_kind(value)}, not text"
-    return None if value.strip() else f"={_shown(value)} is empty"
-
-
 def _any_text_problem(value: object) -> str | None:
     return None if isinstance(value, str) else f"={_shown(value)} is {_kind(value)}, not text"
+
+
+def _text_problem(value: object) -> str | None:
+    problem = _any_text_problem(value)
+    if problem is None and not value.strip():
+        return f"={_shown(value)} is empty"
+    return problem
 
 
 def _texts_problem(value: object, part: str = "ending") -> str | None:
@@ -135,10 +138,10 @@ def _cloze_problem(value: object) -> str | None:
 def _arc_choices_problem(value: object) -> str | None:
     if not isinstance(value, dict):
         return f"={_shown(value)} is {_kind(value)}, not an object"
-    for key, problem in (("text", _texts_problem), ("label", _texts_problem)):
+    for key in ("text", "label"):
         if key not in value:
             return f": its {key!r} is missing"
-        found = problem(value[key], "choice")
+        found = _texts_problem(value[key], "choice")
         if found is not None:
             return f": its {key!r}{found}"
     if len(value["text"]) != len(value["label"]):
