@@ -115,7 +115,7 @@ def test_the_legend_lies_outside_every_panel_and_inside_the_picture(count, name_
 
 
 def test_a_centred_mean_over_other_tasks_is_not_joined_to_the_line_before(two_runs, tmp_path, capsys):
-    """A run resumed with other [eval] tasks (which training now refuses, but older runs' metrics
+    """A run resumed with other [eval] tasks (which a resume refuses, but older runs' metrics
     hold) logs a centred mean of another set of tasks: its line breaks there, and a note says so."""
     run = tmp_path / "resumed"
     run.mkdir()
