@@ -9,12 +9,14 @@ Hugging Face hub through `datasets`, prepared as lm-evaluation-harness prepares 
 (a built-in task from a local JSON-lines copy of the hub's records, for a machine offline), or
 local files: a .jsonl of {"ctx": ..., "endings": [...], "label": i} (multiple choice) or
 {"text": ...} (cloze: the last word), or any other file as text (perplexity and bits per byte).
+An entry that is an existing file is that file, even with `=` in its name.
 
 Each ending is scored by its summed log-likelihood after the context and one space: acc picks the
 highest, acc_norm the highest per character of the ending. Cloze: acc is the share of last words
 that greedy decoding gets exactly, ppl their perplexity. Text: ppl per token, bpb bits per UTF-8
 byte. Each accuracy is also given centred, (acc - chance) / (1 - chance), and the last line is
-their mean over the tasks. --json writes the figures only once every task is scored.
+their mean over the tasks. --json writes the figures only once every task is scored; a
+perplexity past the largest float prints as inf and is null there.
 """
 
 import argparse
@@ -28,6 +30,7 @@ from sample import load_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
 from trainer.runtime import DTYPES, resolve_device, resolve_dtype
+from trainer.tasks import task_specs
 
 
 def parse_args() -> argparse.Namespace:
@@ -51,7 +54,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=("auto", *DTYPES), help=dtype_help)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args()
-    args.tasks = [spec for entry in args.tasks for spec in entry.split(",") if spec]
+    args.tasks = task_specs(args.tasks)
+    if not args.tasks:
+        raise UserError("--tasks names no task (give NAME, NAME=FILE or FILE, comma- or space-separated)")
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit={args.limit} is not allowed (use 1 or more)")
     if args.batch_size < 1:
@@ -81,7 +86,7 @@ def main() -> None:
     print("\n".join(summary_lines(results)))
     if args.json is not None:
         with atomic_open(Path(args.json)) as f:
-            f.write((json.dumps(results_json(results), indent=2) + "\n").encode("utf-8"))
+            f.write((json.dumps(results_json(results), indent=2, allow_nan=False) + "\n").encode("utf-8"))
 
 
 if __name__ == "__main__":

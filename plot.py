@@ -10,7 +10,9 @@
 line is left out) and config.toml, draws the train loss of the logged steps and the val loss of the
 evaluations against steps, tokens trained on or wall time, and prints a table of each run's last
 evaluation: val loss, bits per byte and wall time. Runs that scored [eval] tasks get a panel for
-each task's acc and one for the centred mean (eval.py's figures). Every run has a colour and line
+each task's acc and one for the centred mean (eval.py's figures); a centred mean is the mean over
+one set of tasks, so where a run's set changes (an older run resumed with other [eval] tasks) its
+line breaks, and a note names the step. Every run has a colour and line
 style of its own, the same in every panel, for any number of runs; one legend below the panels
 names them, outside every panel, so it never hides a curve.
 
@@ -47,6 +49,7 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "tokens": "tokens trained on",
     "time": "wall time since the run's first record (s)",
 }
+CENTRED_MEAN = "eval/centred_mean"
 PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
 LINE_STYLES = ["-", "--", ":", "-."]
 PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
@@ -116,7 +119,8 @@ class Run:
         return cls(path.resolve().name, records, tokens_per_step)
 
     def curve(self, key: str, x: str) -> tuple[list[float], list[float]]:
-        """The logged values of key (loss, val_loss) and where they lie on the x axis."""
+        """The logged values of key (loss, val_loss) and where they lie on the x axis; the centred
+        mean's with a gap (NaN, which matplotlib leaves undrawn) where the tasks it averages change."""
         records = [r for r in self.records if key in r]
         if x == "steps":
             xs = [r["step"] for r in records]
@@ -124,7 +128,17 @@ class Run:
             xs = [r["step"] * self.tokens_per_step for r in records]
         else:
             xs = [r["time"] - self.start_time() for r in records]
-        return xs, [r[key] for r in records]
+        ys = [r[key] for r in records]
+        if key == CENTRED_MEAN:
+            for i in reversed(task_changes(records)):
+                xs.insert(i, float("nan"))
+                ys.insert(i, float("nan"))
+        return xs, ys
+
+    def task_change_steps(self) -> list[int]:
+        """The steps from which the run's centred mean averages other tasks than before."""
+        records = [r for r in self.records if CENTRED_MEAN in r]
+        return [records[i]["step"] for i in task_changes(records)]
 
     def start_time(self) -> float:
         if not all("time" in r for r in self.records):
@@ -146,8 +160,25 @@ class Run:
         ]
 
 
+def scored_tasks(record: dict) -> set[str]:
+    """The tasks a record's centred mean averages: those with an acc (eval/<task>/acc)."""
+    return {key.split("/")[1] for key in record if key.startswith("eval/") and key.endswith("/acc")}
+
+
+def task_changes(records: list[dict]) -> list[int]:
+    """The positions in records (each holding a centred mean) where it averages other tasks than the
+    record before: from there it is another figure."""
+    return [i for i in range(1, len(records)) if scored_tasks(records[i]) != scored_tasks(records[i - 1])]
+
+
 def plot_loss(args: argparse.Namespace) -> None:
     runs = [Run.read(directory) for directory in args.runs]
+    for run in runs:
+        for step in run.task_change_steps():
+            print(
+                f"note: run {run.name} scored other [eval] tasks from step {step}: its centred_mean line breaks there",
+                file=sys.stderr,
+            )
     save(loss_figure(runs, args.x), args.out)
     print_table(["run", "step", "val loss", "val bpb", "wall time (s)"], [run.summary() for run in runs])
 
@@ -195,7 +226,7 @@ def loss_figure(runs: list[Run], x: str) -> plt.Figure:
         ax.grid(alpha=0.3)
     train_ax.set_ylabel("cross-entropy (nats per token)")
     for ax, key in zip(eval_axes, figures, strict=True):
-        ax.set_ylabel("centred mean (0 = chance)" if key == "eval/centred_mean" else "accuracy")
+        ax.set_ylabel("centred mean (0 = chance)" if key == CENTRED_MEAN else "accuracy")
     handles = train_ax.get_lines()  # one per run, in the runs' order
     fig.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8)
     return fig
@@ -210,7 +241,7 @@ def legend_entry_width(names: list[str]) -> float:
 def downstream_keys(runs: list[Run]) -> list[str]:
     """The [eval] figures the runs logged that are drawn: each task's acc, then the centred mean."""
     keys = {key for run in runs for record in run.records for key in record if key.startswith("eval/")}
-    return sorted(key for key in keys if key.endswith("/acc")) + sorted(keys & {"eval/centred_mean"})
+    return sorted(key for key in keys if key.endswith("/acc")) + sorted(keys & {CENTRED_MEAN})
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

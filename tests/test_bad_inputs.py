@@ -434,7 +434,7 @@ CATALOGUE = [
     # evaluation: every item is checked before any is scored; --json is written only when every task is
     Case("eval-item-missing-a-field", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 2: field 'label' is missing", write("items.jsonl", ITEM + '{"ctx": "ROMEO:", "endings": ["a", "b"]}\n')),
     Case("eval-label-out-of-range", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'label'=2 is out of range (it has 2 endings: use 0 .. 1)", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", "b"], "label": 2}\n')),
-    Case("eval-empty-ending", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'endings': ending 1 is empty", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", " "], "label": 0}\n')),
+    Case("eval-empty-ending", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'endings': ending 1=\" \" is empty", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", " "], "label": 0}\n')),
     Case("eval-item-not-json", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl line 1 is not JSON", write("items.jsonl", "{ctx: ROMEO}\n")),
     Case("eval-hub-task-offline", "eval.py", [*EVAL, "hellaswag"], "--tasks hellaswag: Rowan/hellaswag cannot be read from the Hugging Face hub", env={"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}),
     Case("eval-unknown-task", "eval.py", [*EVAL, "hellaswagg"], "--tasks 'hellaswagg' is neither a built-in task (hellaswag, arc_easy"),
@@ -457,6 +457,23 @@ CATALOGUE = [
     Case("exported-prompt-of-only-unencodable-characters", "sample.py", ["--init-from", "exported", "--prompt", "¿¿"], "the text has characters that exported/tokenizer.json cannot encode: '¿' at character 0", export_run),
     Case("prompt-that-encodes-to-no-tokens", "sample.py", ["--init-from", "llama", "--prompt", "   "], "the prompt '   ' encodes to no tokens: give a prompt with text the tokenizer keeps", llama_dir(tokenizer_json=word_level_tokenizer_json())),
     Case("eval-ending-outside-an-exported-vocabulary", "eval.py", ["--init-from", "exported", "--device", "cpu", "--no-progress", "--tasks", "odd.jsonl"], "odd.jsonl item 1: the text has characters that exported/tokenizer.json cannot encode: '¿' at character 7", lambda ws: (export_run(ws), write("odd.jsonl", '{"ctx": "ROMEO:", "endings": ["¿¿", "Peace!"], "label": 0}\n')(ws))),
+    # evaluation items: every field's type and shape checked by name, the built-in tasks' records too
+    Case("eval-endings-as-text", "eval.py", [*EVAL, "items.jsonl"], 'items.jsonl item 1: field \'endings\'="go" is text, not a list (give a list of 2 or more non-empty texts)', write("items.jsonl", '{"ctx": "ROMEO:", "endings": "go", "label": 0}\n')),
+    Case("eval-endings-as-object", "eval.py", [*EVAL, "items.jsonl"], 'items.jsonl item 1: field \'endings\'={"a": 1, "b": 2} is an object, not a list', write("items.jsonl", '{"ctx": "ROMEO:", "endings": {"a": 1, "b": 2}, "label": 0}\n')),
+    Case("eval-one-ending", "eval.py", [*EVAL, "items.jsonl"], 'items.jsonl item 1: field \'endings\'=["Peace!"] has one ending (give a list of 2 or more', write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["Peace!"], "label": 0}\n')),
+    Case("eval-no-endings", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'endings'=[] is an empty list", write("items.jsonl", '{"ctx": "ROMEO:", "endings": [], "label": 0}\n')),
+    Case("eval-context-not-text", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'ctx'=5 is a whole number, not text", write("items.jsonl", '{"ctx": 5, "endings": ["a", "b"], "label": 0}\n')),
+    Case("eval-label-true", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'label'=true is true or false, not a whole number", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", "b"], "label": true}\n')),
+    Case("eval-label-decimal", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 1: field 'label'=1.0 is a decimal number, not a whole number", write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", "b"], "label": 1.0}\n')),
+    Case("eval-label-as-text", "eval.py", [*EVAL, "items.jsonl"], 'items.jsonl item 1: field \'label\'="1" is text, not a whole number', write("items.jsonl", '{"ctx": "ROMEO:", "endings": ["a", "b"], "label": "1"}\n')),
+    Case("eval-cloze-of-one-word", "eval.py", [*EVAL, "words.jsonl"], 'words.jsonl item 1: field \'text\'="Peace!" is one word (give text of two or more words', write("words.jsonl", '{"text": "Peace!"}\n')),
+    Case("eval-hellaswag-endings-as-text", "eval.py", [*EVAL, "hellaswag=hs.jsonl"], 'hs.jsonl item 1: field \'endings\'="go" is text, not a list', write("hs.jsonl", '{"activity_label": "A", "ctx_a": "B", "ctx_b": "c", "endings": "go", "label": "0"}\n')),
+    Case("eval-arc-answer-not-a-choice", "eval.py", [*EVAL, "arc_easy=arc.jsonl"], "arc.jsonl item 1: field 'answerKey'=\"E\" is none of the choices' labels (A, B)", write("arc.jsonl", '{"question": "Who?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "E"}\n')),
+    Case("eval-piqa-label-as-text", "eval.py", [*EVAL, "piqa=piqa.jsonl"], 'piqa.jsonl item 1: field \'label\'="0" is text, not a whole number', write("piqa.jsonl", '{"goal": "Who?", "sol1": "a", "sol2": "b", "label": "0"}\n')),
+    Case("eval-lambada-one-word", "eval.py", [*EVAL, "lambada=lambada.jsonl"], 'lambada.jsonl item 1: field \'text\'="Peace!" is one word', write("lambada.jsonl", '{"text": "Peace!"}\n')),
+    Case("eval-tasks-only-commas", "eval.py", [*EVAL, ","], "--tasks names no task (give NAME, NAME=FILE or FILE"),
+    Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
+    Case("resume-with-other-eval-tasks", "train.py", [*RESUME, "--eval.tasks=items.jsonl"], "eval.tasks='items.jsonl' but the run in out/tiny scored no [eval] tasks", write("items.jsonl", ITEM)),
 ]  # fmt: skip
 
 

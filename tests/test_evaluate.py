@@ -193,3 +193,79 @@ def test_a_bad_eval_task_stops_training_before_it_starts(tmp_path, data_dir):
     with pytest.raises(UserError, match="odd.jsonl item 1: field 'label'=3 is out of range"):
         Trainer(cfg)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def strict_json(text: str):
+    """JSON as the standard has it: NaN and Infinity, which Python's json writes and reads, are refused."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_task_file_whose_name_holds_an_equals_sign_is_read_as_that_file(tmp_path, monkeypatch):
+    """An entry that is a file is that file; only another entry is split into NAME=FILE."""
+    (tmp_path / "my=items.jsonl").write_text((TASKS / "next_line.jsonl").read_text())
+    (tmp_path / "hellaswag=local.jsonl").write_text((TASKS / "next_line.jsonl").read_text())
+    monkeypatch.chdir(tmp_path)
+    assert load_task("my=items.jsonl").name == "my=items"
+    assert load_task("hellaswag=local.jsonl").name == "hellaswag=local"  # the file there wins
+    builtin = load_task(f"hellaswag={TASKS / 'hellaswag.jsonl'}")
+    assert builtin.name == "hellaswag" and len(builtin.items[0].choices) == 4
+    with pytest.raises(UserError, match="'my=nothing.jsonl' is no file, and 'my' is not a built-in task"):
+        load_task("my=nothing.jsonl")
+
+
+def long_word_cloze(path, characters: int) -> None:
+    """A cloze item whose last word is `characters` characters of Shakespeare's alphabet: an untrained
+    model gives it a log-likelihood far below -709.8 nats, past which exp overflows a float."""
+    path.write_text(json.dumps({"text": "ROMEO: " + "abcdefghij" * (characters // 10)}) + "\n")
+
+
+def test_a_perplexity_past_the_float_range_is_inf_and_null_in_json(tmp_path, monkeypatch, capsys):
+    tokenizer = GPT2Tokenizer()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=256)
+    export_model(model, tokenizer, tmp_path / "model")
+    long_word_cloze(tmp_path / "long.jsonl", 400)  # ~100 BPE tokens of ~10.8 nats each
+    out = tmp_path / "out.json"
+    args = ["--init-from", str(tmp_path / "model"), "--tasks", str(tmp_path / "long.jsonl"), "--json", str(out)]
+    assert run_entry_point("eval.py", [*args, "--device", "cpu", "--no-progress"], monkeypatch) == 0
+    assert "ppl inf" in capsys.readouterr().out
+    figures = strict_json(out.read_text())
+    assert figures["tasks"]["long"]["ppl"] is None and figures["tasks"]["long"]["acc"] == 0.0
+    assert figures["centred_mean"] == 0.0
+
+
+def test_a_perplexity_past_the_float_range_does_not_stop_training(tmp_path, data_dir):
+    long_word_cloze(tmp_path / "long.jsonl", 250)  # ~4.2 nats a character untrained: over 1,000 nats
+    cfg = tiny_config(tmp_path / "run", data_dir, model__block_size=256, eval__tasks=str(tmp_path / "long.jsonl"))
+    Trainer(cfg).fit()
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    records = [record for record in map(strict_json, lines) if "val_loss" in record]
+    assert [record["step"] for record in records] == [0, 10, 20]
+    assert "eval/long/acc" in records[0] and "eval/long/ppl" not in records[0]  # JSON numbers only
+
+
+def nan_model(vocab_size: int, **kwargs):
+    model = tiny_model(vocab_size=vocab_size, **kwargs)
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_proj.weight.fill_(float("nan"))
+    return model
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("next_line.jsonl", r"next_line.jsonl item \d+: continuation \d .* scores a log-likelihood of nan"),
+        ("last_word.jsonl", r"last_word.jsonl item \d+: continuation 0 .* scores a log-likelihood of nan"),
+        ("passage.txt", r"passage.txt: the text from token 0 to \d+ scores a log-likelihood of nan"),
+    ],
+)
+def test_scores_that_are_not_finite_are_refused_naming_the_item(spec, message):
+    """A model of NaN weights scored 0.40 on multiple choice (every log-likelihood NaN, argmax picks
+    the first ending): every score must be a number, or the evaluation ends naming what it scored."""
+    tokenizer = shakespeare_chars()
+    model = nan_model(tokenizer.vocab_size, block_size=64)
+    with pytest.raises(UserError, match=message):
+        evaluate_task(model, tokenizer, load_task(str(TASKS / spec), limit=4), batch_size=4, limit=4)

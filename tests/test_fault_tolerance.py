@@ -231,6 +231,50 @@ def test_a_stop_during_an_evaluation_ends_it_after_the_batch_and_keeps_the_step(
     assert evaluated_steps(run_dir) == [0, 5, 10, 15, 20]
 
 
+def signal_at_task_forward(trainer: Trainer, step: int, forward_number: int) -> list[int]:
+    """Raise SIGTERM in the forward_number-th forward pass of the [eval] task scoring at step (the
+    passes without targets: the losses' have them); returns the list that grows by one per pass."""
+    forward, forwards = trainer.model.forward, []
+
+    def forward_with_signal(idx, targets=None, **kwargs):
+        if targets is None and trainer.step == step:
+            forwards.append(step)
+            if len(forwards) == forward_number:
+                signal.raise_signal(signal.SIGTERM)
+        return forward(idx, targets, **kwargs)
+
+    trainer.model.forward = forward_with_signal
+    return forwards
+
+
+@pytest.mark.parametrize(
+    "task,passes_per_batch",
+    [("passage.txt", 1), ("next_line.jsonl", 3)],  # text: one pass a batch; questions: contexts, then two of endings
+    ids=["text", "multiple-choice"],
+)
+def test_a_stop_during_eval_task_scoring_ends_it_after_the_batch_and_keeps_the_step(
+    tmp_path, data_dir, task, passes_per_batch
+):
+    """[eval] tasks are scored in batches, and the stop flag is read after every one (it was read
+    after each whole task: minutes for a real model, past a preemption's grace period). Measured in
+    the run's own forward passes: the pass the signal came in ends its batch, and no other starts.
+    The checkpoint keeps the step, and the resumed run does the evaluation first."""
+    run_dir = tmp_path / "run"
+    tasks = dict(eval__tasks=str(PROJECT_ROOT / "tests" / "tasks" / task), eval__items=0, eval__batch_size=1)
+    overrides = dict(train__max_iters=20, train__eval_interval=5, model__block_size=64, **tasks)
+    trainer = Trainer(tiny_config(run_dir, data_dir, **overrides))
+    forwards = signal_at_task_forward(trainer, 10, forward_number=3)
+    assert trainer.fit() == signal.SIGTERM
+    assert 3 <= len(forwards) < 3 + passes_per_batch
+    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 10
+    assert evaluated_steps(run_dir) == [0, 5]
+    resumed = Trainer(tiny_config(run_dir, data_dir, train__init_from="resume", **overrides))
+    assert resumed.fit() is None
+    assert evaluated_steps(run_dir) == [0, 5, 10, 15, 20]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(any(key.startswith("eval/") for key in r) for r in records if "val_loss" in r)
+
+
 def test_a_stop_at_an_evaluation_step_ends_its_evaluation_at_once(tmp_path, data_dir):
     """A signal in the step before an evaluation: the evaluation stops after its first batch."""
 

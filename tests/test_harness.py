@@ -6,6 +6,8 @@ Skipped when lm-eval is not installed (pip install -e .[eval])."""
 
 import importlib.util
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +15,10 @@ import pytest
 import torch
 
 from data.tokenizer import GPT2Tokenizer
-from tests.conftest import PROJECT_ROOT, tiny_model
+from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import evaluate_task, score_items
+from trainer.loop import Trainer
 from trainer.pretrained import export_model
 from trainer.tasks import load_task
 
@@ -147,3 +151,54 @@ def test_generation_is_greedy_and_stops_before_the_stop_string(exported):
     request = Instance("generate_until", {}, ("ROMEO:", {"until": [stop], "max_gen_toks": 8}), 0)
     (text,) = HarnessModel(init_from=str(folder), device="cpu").generate_until([request])
     assert text == greedy.split(stop)[0]
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory, data_dir) -> Path:
+    """A character-level run: its tokenizer has no end-of-text token."""
+    run_dir = tmp_path_factory.mktemp("char") / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=2, train__eval_interval=2)).fit()
+    return run_dir
+
+
+def test_rolling_log_likelihood_without_an_end_of_text_token_equals_eval_py_perplexity(char_run, tmp_path):
+    """No end-of-text token to predict the first token after: it is left out, as eval.py leaves it out
+    of a text's figures (it was `Could not infer dtype of NoneType`)."""
+    from lm_eval.api.instance import Instance
+
+    from trainer.harness import HarnessModel
+
+    text = (TASKS / "passage.txt").read_text()[:300]  # windows of 32 characters: ten of them
+    (tmp_path / "passage.txt").write_text(text)
+    request = Instance(request_type="loglikelihood_rolling", doc={}, arguments=(text,), idx=0)
+    harness_model = HarnessModel(out_dir=str(char_run), device="cpu")
+    assert harness_model.eot_token_id is None
+    (log_likelihood,) = harness_model.loglikelihood_rolling([request])
+    model, tokenizer = model_from_checkpoint(load_checkpoint(char_run / "ckpt.pt"), char_run)
+    result = evaluate_task(model, tokenizer, load_task(str(tmp_path / "passage.txt")), batch_size=4)
+    assert result.metrics["n"] == len(text) - 1
+    assert -log_likelihood == pytest.approx(math.log(result.metrics["ppl"]) * result.metrics["n"], rel=1e-5)
+
+
+def test_a_device_in_model_args_wins_over_the_harness_device_option(char_run):
+    """The harness passes its own --device (default cuda:0) beside model_args: device=cpu there was
+    `got multiple values for keyword argument 'device'`."""
+    from trainer.harness import HarnessModel
+
+    model = HarnessModel.create_from_arg_string(
+        f"out_dir={char_run},device=cpu,batch_size=3", {"batch_size": 16, "max_batch_size": None, "device": "cuda:0"}
+    )
+    assert model.device.type == "cpu" and model.batch_size == 3
+
+
+def test_a_mistake_in_model_args_is_one_error_line(exported, tmp_path):
+    _, tasks_dir, _ = exported
+    args = ["--model", "gpt-trainer", "--model_args", f"out_dir={tmp_path / 'nowhere'}"]
+    args += ["--include_path", str(tasks_dir), "--tasks", "local_next_line"]
+    process = subprocess.run(
+        [sys.executable, "-m", "trainer.harness", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert process.returncode == 2, process.stderr
+    assert "Traceback" not in process.stderr
+    errors = [line for line in process.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [process.stderr.strip().splitlines()[-1]] and "nowhere" in errors[0], process.stderr

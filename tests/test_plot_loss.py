@@ -2,6 +2,7 @@
 keeps one colour and line style of its own in every panel, and the legend covers no curve."""
 
 import json
+import math
 
 import matplotlib.image
 import matplotlib.pyplot as plt
@@ -111,3 +112,24 @@ def test_the_legend_lies_outside_every_panel_and_inside_the_picture(count, name_
     assert fig.bbox.contains(box.x0, box.y0) and fig.bbox.contains(box.x1, box.y1)
     assert [text.get_text() for text in legend.get_texts()] == [run.name for run in made_up_runs(count, name_length)]
     plt.close(fig)
+
+
+def test_a_centred_mean_over_other_tasks_is_not_joined_to_the_line_before(two_runs, tmp_path, capsys):
+    """A run resumed with other [eval] tasks (which a resume refuses, but older runs' metrics
+    hold) logs a centred mean of another set of tasks: its line breaks there, and a note says so."""
+    run = tmp_path / "resumed"
+    run.mkdir()
+    (run / "config.toml").write_text((two_runs[0] / "config.toml").read_text())
+    records = []
+    for step, tasks in ((0, ["a"]), (5, ["a"]), (10, ["a", "b"]), (15, ["a", "b"])):
+        figures = {f"eval/{task}/acc": 0.5 for task in tasks}
+        records.append({"step": step, "loss": 3.0, "val_loss": 3.0, **figures, "eval/centred_mean": step / 20})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    main(["loss", str(run), "--out", str(tmp_path / "loss.png")])
+    assert "note: run resumed scored other [eval] tasks from step 10: its centred_mean line breaks there" in (
+        capsys.readouterr().err
+    )
+    centred_ax = loss_figure([Run.read(str(run))], "steps").axes[-1]
+    assert centred_ax.get_title() == "[eval] centred_mean"
+    xs, ys = centred_ax.get_lines()[0].get_data()
+    assert list(xs[:2]) == [0, 5] and list(xs[3:]) == [10, 15] and math.isnan(ys[2])

@@ -21,6 +21,7 @@ from pathlib import Path
 from data.files import TEXT_ENCODING, read_text
 from errors import ConfigError
 from model import GPTConfig
+from trainer.tasks import task_specs
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")  # group 1: the GPU's index
 DEVICES = "auto, cpu, cuda, cuda:N, mps"
@@ -217,7 +218,7 @@ class EvalConfig:
 
     @property
     def task_list(self) -> list[str]:
-        return [spec.strip() for spec in self.tasks.split(",") if spec.strip()]
+        return task_specs([self.tasks])
 
 
 @dataclass

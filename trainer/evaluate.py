@@ -15,6 +15,14 @@ as lm-evaluation-harness does it, so that the figures compare with published one
   reading back to a full block as the harness's rolling windows do; `ppl` per token and `bpb`, bits
   per UTF-8 byte, which compares models with different tokenizers.
 
+Every score is a finite number or the evaluation ends: a log-likelihood that is not (NaN weights,
+a dtype's overflow) is a UserError naming the item or window. A perplexity past the largest float
+(a mean log-likelihood below about -709.8 nats, an untrained model on a long word) is infinite;
+it prints as `inf` and is null in --json and left out of metrics.jsonl, which hold JSON numbers only.
+
+A stop request (trainer/stop.py) is asked after every batch: `stop`, a function answering whether
+to stop, ends the evaluation with EvaluationStopped.
+
 Speed: the endings of one question share their context, so the contexts of a batch of questions go
 through the model once, left padded into one KV cache; its rows are then copied, one per ending
 (KVCache.copy_rows), and the endings of the batch go through in two more forward passes, the
@@ -22,6 +30,7 @@ longer half and the shorter, each padded to its own longest.
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,6 +44,32 @@ from model import GPT
 from trainer.tasks import Item, Task, load_task
 
 LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
+StopCheck = Callable[[], bool] | None  # asked after every batch: True abandons the evaluation
+
+
+class EvaluationStopped(Exception):
+    """A stop request ended the evaluation after a batch: it has no figures."""
+
+
+def _after_batch(stop: StopCheck) -> None:
+    if stop is not None and stop():
+        raise EvaluationStopped
+
+
+def perplexity(mean_nll: float) -> float:
+    """exp(mean_nll), infinite past the largest float (mean_nll over about 709.8 nats)."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
+
+
+def _check_finite(value: float, what: str) -> None:
+    if not math.isfinite(value):
+        raise UserError(
+            f"{what} scores a log-likelihood of {value}, not a finite number: the model's weights hold NaN or "
+            f"infinite values, or its dtype overflows (check the checkpoint; score in float32)"
+        )
 
 
 @dataclass
@@ -187,34 +222,55 @@ def _score_tokens(
     return token_log_probs.sum(dim=1), hits.all(dim=1)
 
 
-def score_groups(model: GPT, groups: list[Group], batch_size: int, bar: tqdm | None = None) -> dict:
+def score_groups(
+    model: GPT,
+    groups: list[Group],
+    batch_size: int,
+    bar: tqdm | None = None,
+    name: Callable[[object], str] = lambda key: f"continuation {key}",
+    stop: StopCheck = None,
+) -> dict:
     """key -> (summed log-likelihood, greedy) of every continuation of the groups; bar, if given,
-    advances by one for each group scored."""
+    advances by one for each group scored. A score that is not finite is a UserError naming its
+    key's continuation (name(key))."""
     config = model.config
     scores = {}
     for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
+        keys = [key for group in batch for key in group.keys]
         batch_scores = score_batch(model, batch)
-        scores |= dict(zip([key for group in batch for key in group.keys], batch_scores, strict=True))
+        for key, (score, _) in zip(keys, batch_scores, strict=True):
+            _check_finite(score, name(key))
+        scores |= dict(zip(keys, batch_scores, strict=True))
         if bar is not None:
             bar.update(len(batch))
+        _after_batch(stop)
     return scores
 
 
 def score_items(
-    model: GPT, tokenizer: Tokenizer, items: list[Item], batch_size: int, progress: str | None = None
+    model: GPT,
+    tokenizer: Tokenizer,
+    items: list[Item],
+    batch_size: int,
+    progress: str | None = None,
+    stop: StopCheck = None,
 ) -> list[list[tuple[float, bool]]]:
     """Per item, (summed log-likelihood, greedy) of each continuation. progress: a tqdm bar's label,
     or None for none."""
     groups = encode_items(tokenizer, items, model.config.block_size)
+
+    def name(key: tuple[int, int]) -> str:
+        return f"{items[key[0]].where}: continuation {key[1]} ({items[key[0]].continuations[key[1]]!r:.40})"
+
     with tqdm(total=len(groups), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
-        scores = score_groups(model, groups, batch_size, bar)
+        scores = score_groups(model, groups, batch_size, bar, name, stop)
     return [[scores[i, n] for n in range(len(item.continuations))] for i, item in enumerate(items)]
 
 
 def evaluate_choice(
-    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None, stop: StopCheck = None
 ) -> TaskResult:
-    scores = score_items(model, tokenizer, task.items, batch_size, progress)
+    scores = score_items(model, tokenizer, task.items, batch_size, progress, stop)
     predictions, predictions_norm = [], []
     for item, item_scores in zip(task.items, scores, strict=True):
         log_likelihoods = np.array([score for score, _ in item_scores])
@@ -232,13 +288,14 @@ def evaluate_choice(
 
 
 def evaluate_cloze(
-    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None, stop: StopCheck = None
 ) -> TaskResult:
-    scores = [item_scores[0] for item_scores in score_items(model, tokenizer, task.items, batch_size, progress)]
+    item_scores = score_items(model, tokenizer, task.items, batch_size, progress, stop)
+    scores = [continuation_scores[0] for continuation_scores in item_scores]
     greedy = [int(is_greedy) for _, is_greedy in scores]
     metrics = {
         "acc": float(np.mean(greedy)),
-        "ppl": math.exp(-float(np.mean([score for score, _ in scores]))),
+        "ppl": perplexity(-float(np.mean([score for score, _ in scores]))),
         "n": len(task.items),
     }
     return TaskResult(task.name, task.kind, metrics, greedy, greedy, chance=0.0)
@@ -252,6 +309,7 @@ def evaluate_text(
     batch_size: int,
     progress: str | None = None,
     limit: int | None = None,
+    stop: StopCheck = None,
 ) -> TaskResult:
     """Perplexity per token and bits per byte of the text, over its first `limit` windows or all."""
     block_size = model.config.block_size
@@ -278,13 +336,16 @@ def evaluate_text(
                 x[r, : len(window) - 1], y[r, : len(window) - 1] = window[:-1], window[1:]
                 y[r, : start - first] = -1  # predicted by the window before
             logits, _ = model(x.to(device))
-            nll += F.cross_entropy(
+            batch_nll = F.cross_entropy(
                 logits.float().flatten(0, 1), y.to(device).flatten(), ignore_index=-1, reduction="sum"
             ).item()
+            _check_finite(-batch_nll, f"{task.source}: the text from token {rows[0]} to {end}")
+            nll += batch_nll
             tokens += int((y >= 0).sum())
             bar.update(len(rows))
+            _after_batch(stop)
     n_bytes = _byte_count(tokenizer, ids[1 : 1 + tokens])  # the windows are consecutive from the start
-    metrics = {"ppl": math.exp(nll / tokens), "bpb": nll / (math.log(2) * n_bytes), "n": tokens}
+    metrics = {"ppl": perplexity(nll / tokens), "bpb": nll / (math.log(2) * n_bytes), "n": tokens}
     return TaskResult(task.name, task.kind, metrics)
 
 
@@ -298,16 +359,23 @@ EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze}
 
 
 def evaluate_task(
-    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: bool = False, limit: int | None = None
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: Task,
+    batch_size: int,
+    progress: bool = False,
+    limit: int | None = None,
+    stop: StopCheck = None,
 ) -> TaskResult:
-    """Score one task with the model in eval mode (put back as it was found)."""
+    """Score one task with the model in eval mode (put back as it was found); stop, if given, is asked
+    after every batch (True: EvaluationStopped)."""
     label = task.name if progress else None
     was_training = model.training
     model.eval()
     try:
         if task.kind == "text":
-            return evaluate_text(model, tokenizer, task, batch_size, label, limit)
-        return EVALUATORS[task.kind](model, tokenizer, task, batch_size, label)
+            return evaluate_text(model, tokenizer, task, batch_size, label, limit, stop)
+        return EVALUATORS[task.kind](model, tokenizer, task, batch_size, label, stop)
     finally:
         model.train(was_training)
 
@@ -359,11 +427,18 @@ def summary_lines(results: list[TaskResult]) -> list[str]:
 
 
 def metrics_record(results: list[TaskResult]) -> dict[str, float]:
-    """The figures as metrics.jsonl and wandb keys: eval/<task>/<figure>, eval/centred_mean."""
-    record = {f"eval/{result.name}/{key}": value for result in results for key, value in result.metrics.items()}
+    """The figures as metrics.jsonl and wandb keys: eval/<task>/<figure>, eval/centred_mean; an
+    infinite perplexity is left out (a record holds JSON numbers only)."""
+    figures = {f"eval/{result.name}/{key}": value for result in results for key, value in result.metrics.items()}
+    record = {key: value for key, value in figures.items() if math.isfinite(value)}
     mean = centred_mean(results)
     return record if mean is None else record | {"eval/centred_mean": mean}
 
 
 def results_json(results: list[TaskResult]) -> dict:
-    return {"tasks": {result.name: result.metrics for result in results}, "centred_mean": centred_mean(results)}
+    """The figures as --json writes them: an infinite perplexity as null (JSON has no infinity)."""
+    tasks = {
+        result.name: {key: value if math.isfinite(value) else None for key, value in result.metrics.items()}
+        for result in results
+    }
+    return {"tasks": tasks, "centred_mean": centred_mean(results)}

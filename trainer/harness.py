@@ -8,8 +8,15 @@
 The harness finds models by name only among those its own package registers, so this module
 registers ours as `gpt-trainer` and then runs the harness's command line (every lm_eval option
 works). model_args: out_dir (a run), checkpoint (a ckpt.pt) or init_from (a Hugging Face folder),
-device (default: a GPU if there is one), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which
-shares a question's context among its endings; generation is greedy unless the task asks otherwise.
+device (default: the harness's --device, else a GPU if there is one; in model_args it wins over
+--device), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which shares a
+question's context among its endings; generation is greedy unless the task asks otherwise. A
+mistake (a run that is not there, a device this machine lacks) is one `error:` line, exit status 2.
+
+Perplexity tasks (loglikelihood_rolling) predict every token after an end-of-text token, as the
+harness's own models do. A tokenizer without one (a character-level run) gives the first token no
+context to be predicted from: it is left out, and the text's log-likelihood is that of the tokens
+after it, as eval.py's text figures count it.
 
 Imported only here: lm-eval is an optional extra, not a dependency of the rest of the project.
 """
@@ -23,9 +30,10 @@ import torch
 from lm_eval.__main__ import cli_evaluate
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
-from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simple_parse_args_string
 from tqdm import tqdm
 
+from errors import run_cli
 from model import generate, left_pad
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import group_pairs, score_groups
@@ -61,6 +69,17 @@ class HarnessModel(TemplateLM):
         self.model.to(device=self._device, dtype=resolve_dtype(dtype, self._device, key="dtype"))
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 32  # "auto" is not measured here
 
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> "HarnessModel":
+        # the harness adds its own --device (default cuda:0) and --batch_size to model_args; its base
+        # class passes both as keywords, so device=cpu in model_args was a TypeError. model_args win.
+        given = {key: value for key, value in (additional_config or {}).items() if value is not None}
+        return cls(**(given | arg_dict))
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> "HarnessModel":
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
     @property
     def eot_token_id(self) -> int | None:
         return self.tokenizer.eot_token
@@ -84,13 +103,18 @@ class HarnessModel(TemplateLM):
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each text's log-likelihood over disjoint windows of the block, as the harness's own models
-        compute it (every token predicted once, the first after the end-of-text token)."""
+        compute it (every token predicted once, the first after the end-of-text token; without one,
+        every token after the first, which then stands where the end-of-text token would)."""
         results = []
         for request in tqdm(requests, disable=disable_tqdm, desc="rolling"):
             (text,) = request.args
+            tokens = self.tok_encode(text)
+            prefix = self.prefix_token_id
+            if prefix is None and tokens:
+                prefix, tokens = tokens[0], tokens[1:]
             windows = get_rolling_token_windows(
-                token_list=self.tok_encode(text),
-                prefix_token=self.prefix_token_id,
+                token_list=tokens,
+                prefix_token=prefix,
                 max_seq_len=self.max_length,
                 context_len=1,
             )
@@ -106,7 +130,8 @@ class HarnessModel(TemplateLM):
         results = []
         for request in tqdm(requests, disable=disable_tqdm, desc="generating"):
             context, options = request.args
-            until = options.get("until") or [self.tokenizer.decode([self.eot_token_id])]
+            eot = [] if self.eot_token_id is None else [self.tokenizer.decode([self.eot_token_id])]
+            until = options.get("until") or eot
             until = [until] if isinstance(until, str) else until
             max_new_tokens = options.get("max_gen_toks", 256)
             prompt_ids = self.tok_encode(context)[-self.max_length :]
@@ -159,4 +184,4 @@ def local_task_yaml(task: str, data_file: Path, definition: str | None = None) -
 
 if __name__ == "__main__":
     sys.argv[0] = "lm_eval"
-    cli_evaluate()
+    run_cli(cli_evaluate)

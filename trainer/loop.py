@@ -5,6 +5,7 @@ checkpoint holds and how it is written trainer/checkpoint.py's."""
 
 import dataclasses
 import difflib
+import itertools
 import math
 import signal
 from pathlib import Path
@@ -28,7 +29,14 @@ from trainer.config import (
     unfinished_schedule,
 )
 from trainer.distributed import ParallelModel, World
-from trainer.evaluate import TaskResult, evaluate_task, load_tasks, metrics_record, summary_lines
+from trainer.evaluate import (
+    EvaluationStopped,
+    TaskResult,
+    evaluate_task,
+    load_tasks,
+    metrics_record,
+    summary_lines,
+)
 from trainer.metrics import Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
@@ -296,21 +304,30 @@ class Trainer:
 
     def _score_tasks(self, stop: "StopSignals") -> list[TaskResult] | None:
         """The [eval] tasks' figures at every eval.every-th evaluation and at the last step, else none;
-        None if a stop request came first (agreed on after each task). Every process scores the same
-        items (a sharded model's forward pass needs them all)."""
+        None if a stop request came first (agreed on after each batch, counted over all the tasks).
+        Every process scores the same items in the same batches (a sharded model's forward pass needs
+        them all), so every process agrees at the same batch."""
         cfg = self.cfg
         due = (self.step // cfg.train.eval_interval) % cfg.eval.every == 0 or self.step == cfg.train.max_iters
         if not self.tasks or not due:
             return []
         limit = cfg.eval.items or None
         agreement = stop.during_evaluation()
-        results = []
-        with autocast(self.device, self.dtype):
-            for task in self.tasks:
-                results.append(evaluate_task(self.model, self.tokenizer, task, cfg.eval.batch_size, limit=limit))
-                if agreement.requested(len(results)) is not None:
-                    return None
-        return results
+        batches = itertools.count(1)
+
+        def stop_requested() -> bool:
+            return agreement.requested(next(batches)) is not None
+
+        try:
+            with autocast(self.device, self.dtype):
+                return [
+                    evaluate_task(
+                        self.model, self.tokenizer, task, cfg.eval.batch_size, limit=limit, stop=stop_requested
+                    )
+                    for task in self.tasks
+                ]
+        except EvaluationStopped:
+            return None
 
     def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
         """Record the mean loss over all processes; stop the run if it is not a finite number."""

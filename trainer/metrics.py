@@ -113,7 +113,8 @@ class MetricsLog:
 
     def log(self, record: dict) -> None:
         """Append record with the time it was written (seconds since 1970: plot.py's wall time)."""
-        line = json.dumps(record | {"time": round(time.time(), 3)}) + "\n"
+        # allow_nan=False: NaN and Infinity are not JSON; every figure logged is a finite number
+        line = json.dumps(record | {"time": round(time.time(), 3)}, allow_nan=False) + "\n"
         try:
             self.file.write(line.encode("utf-8"))
         except OSError as e:  # a full disk: the run cannot record what it does

@@ -21,6 +21,7 @@ from trainer.config import (
 )
 from trainer.distributed import World
 from trainer.metrics import METRICS_NAME, MetricsLog, read_metrics, read_records
+from trainer.tasks import task_specs
 
 LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
 
@@ -105,7 +106,8 @@ class RunDir:
         return None
 
     def check_resumable(self, checkpoint: dict, cfg: Config, dataset_meta: dict) -> None:
-        """The model, the optimizer and the tokenizer must be those of the run being resumed."""
+        """The model, the optimizer, the tokenizer and the [eval] tasks must be those of the run being
+        resumed."""
         run_dir = self.path
         saved_model = checkpoint["config"].get("model", {})
         defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
@@ -122,6 +124,16 @@ class RunDir:
                 f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with "
                 f"{saved_optimizer!r}, whose state does not carry over (resume with the run's own config: "
                 f"--config {run_dir / 'config.toml'})"
+            )
+        # the centred mean of other tasks is another figure: one line of it in metrics.jsonl and plot.py
+        # must mean one set of tasks (older checkpoints without [eval] scored none)
+        saved_tasks = task_specs([checkpoint["config"].get("eval", {}).get("tasks", "")])
+        if sorted(saved_tasks) != sorted(cfg.eval.task_list):
+            scored = f"scored {','.join(saved_tasks)!r}" if saved_tasks else "scored no [eval] tasks"
+            raise UserError(
+                f"eval.tasks={','.join(cfg.eval.task_list)!r} but the run in {run_dir} {scored}, and its eval/ "
+                f"figures and centred_mean must mean the same tasks throughout (resume with the run's own tasks: "
+                f"--config {run_dir / 'config.toml'}; or train with the new tasks under another --train.out_dir)"
             )
         saved_dataset = checkpoint["dataset"]
         for key in ("tokenizer", "vocab_size"):

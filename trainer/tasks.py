@@ -8,11 +8,16 @@ A task is named on the command line in one of three ways:
 - `NAME=FILE`: the same built-in task read from a local JSON-lines file holding the hub's records
   (for a machine without network, or a subset);
 - a local file: a `.jsonl` whose lines are `{"ctx": ..., "endings": [...], "label": i}` (multiple
-  choice) or `{"text": ...}` (cloze: the last word is predicted from the rest), or any other file,
-  read as UTF-8 text for perplexity and bits per byte. Its task name is the file's stem.
+  choice: two or more endings, label the index of the right one) or `{"text": ...}` (cloze: the
+  last of its two or more words is predicted from the rest), or any other file, read as UTF-8 text
+  for perplexity and bits per byte. Its task name is the file's stem.
 
-Every record is checked before anything is scored; a bad one is a UserError naming the file, the
-item and the field.
+An entry that is an existing file is that file, whatever its name holds (`my=items.jsonl`); only
+another entry is split at its first `=` into NAME=FILE.
+
+Every record is checked before anything is scored, each field by name against the shape its format
+gives it (`Shape`: text, a list of endings, an index): a bad one is a UserError naming the file, the
+item, the field, the value and what the field takes.
 """
 
 import json
@@ -47,7 +52,13 @@ class Task:
     text: str = ""  # kind "text": the whole file
 
 
-def multiple_choice(context: str, endings: list[str], label: int, where: str) -> Item:
+def multiple_choice(context: str, endings: list[str], label: int, where: str, label_field: str = "label") -> Item:
+    """A question whose right ending is endings[label]; label_field names where the label came from."""
+    if not 0 <= label < len(endings):
+        raise UserError(
+            f"{where}: field {label_field!r}={label} is out of range (it has {len(endings)} endings: use 0 .. "
+            f"{len(endings) - 1})"
+        )
     return Item(context, [" " + ending for ending in endings], endings, label, where)
 
 
@@ -57,7 +68,100 @@ def cloze(text: str, where: str) -> Item:
     return Item(" ".join(words[:-1]), [" " + words[-1]], [words[-1]], 0, where)
 
 
-# Each built-in task's record -> item, as lm-evaluation-harness's task YAML and utils.py do it.
+# What each field of a record must hold, checked by name before an item is made of it: a string where
+# a list belongs would otherwise be read as a list of characters, and an object as its keys.
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What one field takes: the error line says `accepts` after naming the field, its value and `problem`."""
+
+    accepts: str  # what the field takes, in words, for the error line
+    problem: Callable[[object], str | None]  # what is wrong with a value (after the field's name), or None
+
+
+def _kind(value: object) -> str:
+    """A value's JSON type in words."""
+    kinds = ((bool, "true or false"), (int, "a whole number"), (float, "a decimal number"), (str, "text"))
+    kinds += ((list, "a list"), (dict, "an object"), (type(None), "null"))
+    return next((words for kind, words in kinds if isinstance(value, kind)), type(value).__name__)
+
+
+def _shown(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _any_text_problem(value: object) -> str | None:
+    return None if isinstance(value, str) else f"={_shown(value)} is {_kind(value)}, not text"
+
+
+def _text_problem(value: object) -> str | None:
+    problem = _any_text_problem(value)
+    if problem is None and not value.strip():
+        return f"={_shown(value)} is empty"
+    return problem
+
+
+def _texts_problem(value: object, part: str = "ending") -> str | None:
+    """A list of two or more non-empty texts: a question needs something to choose between."""
+    if not isinstance(value, list):
+        return f"={_shown(value)} is {_kind(value)}, not a list"
+    if len(value) < 2:
+        return "=[] is an empty list" if not value else f"={_shown(value)} has one {part}"
+    problems = (f": {part} {number}{problem}" for number, text in enumerate(value) if (problem := _text_problem(text)))
+    return next(problems, None)
+
+
+def _index_problem(value: object) -> str | None:
+    # bool is an int in Python, but true is no index
+    return None if type(value) is int else f"={_shown(value)} is {_kind(value)}, not a whole number"
+
+
+def _index_or_digits_problem(value: object) -> str | None:
+    """hellaswag's hub records give their label as digits ("2"); a copy may give the number."""
+    if isinstance(value, str) and value.isdecimal():
+        return None
+    return _index_problem(value)
+
+
+def _cloze_problem(value: object) -> str | None:
+    problem = _text_problem(value)
+    if problem is not None:
+        return problem
+    context, _, word = value.rpartition(" ")
+    if not context.strip():
+        return f"={_shown(value)} is one word"
+    return None if word else f"={_shown(value)} ends in a space, so the word to predict is empty"
+
+
+def _arc_choices_problem(value: object) -> str | None:
+    if not isinstance(value, dict):
+        return f"={_shown(value)} is {_kind(value)}, not an object"
+    for key in ("text", "label"):
+        if key not in value:
+            return f": its {key!r} is missing"
+        found = _texts_problem(value[key], "choice")
+        if found is not None:
+            return f": its {key!r}{found}"
+    if len(value["text"]) != len(value["label"]):
+        return f": its {len(value['text'])} texts and {len(value['label'])} labels do not pair up"
+    return None
+
+
+TEXT = Shape("non-empty text", _text_problem)
+ANY_TEXT = Shape("text", _any_text_problem)
+ENDINGS = Shape("a list of 2 or more non-empty texts", _texts_problem)
+INDEX = Shape("a whole number: the index of the right ending, from 0", _index_problem)
+INDEX_OR_DIGITS = Shape("the index of the right ending, from 0, as a number or digits", _index_or_digits_problem)
+CLOZE_TEXT = Shape("text of two or more words: the last is predicted from the rest", _cloze_problem)
+ARC_CHOICES = Shape(
+    '{"text": [...], "label": [...]}: two lists of 2 or more non-empty texts, of one length', _arc_choices_problem
+)
+
+
+# Each built-in task's record -> item, as lm-evaluation-harness's task YAML and utils.py do it; the
+# record's fields have their shapes (checked first).
 
 
 def _hellaswag_text(text: str) -> str:
@@ -76,13 +180,19 @@ def hellaswag_item(record: dict, where: str) -> Item:
 
 def arc_item(record: dict, where: str) -> Item:
     choices = record["choices"]
+    if record["answerKey"] not in choices["label"]:
+        raise UserError(
+            f"{where}: field 'answerKey'={_shown(record['answerKey'])} is none of the choices' labels "
+            f"({', '.join(choices['label'])})"
+        )
     label = choices["label"].index(record["answerKey"])
-    return multiple_choice(f"Question: {record['question']}\nAnswer:", list(choices["text"]), label, where)
+    question = f"Question: {record['question']}\nAnswer:"
+    return multiple_choice(question, list(choices["text"]), label, where, "answerKey")
 
 
 def piqa_item(record: dict, where: str) -> Item:
     return multiple_choice(
-        f"Question: {record['goal']}\nAnswer:", [record["sol1"], record["sol2"]], int(record["label"]), where
+        f"Question: {record['goal']}\nAnswer:", [record["sol1"], record["sol2"]], record["label"], where
     )
 
 
@@ -104,39 +214,49 @@ class BuiltinTask:
     name: str | None  # its configuration
     split: str  # the split the harness evaluates
     kind: str
-    fields: tuple[str, ...]  # what each record needs
+    fields: dict[str, Shape]  # what each record needs
     item: Callable[[dict, str], Item]
 
 
+ARC_FIELDS = {"question": TEXT, "choices": ARC_CHOICES, "answerKey": TEXT}
 BUILTIN_TASKS = {
     "hellaswag": BuiltinTask(
         "Rowan/hellaswag",
         None,
         "validation",
         "choice",
-        ("activity_label", "ctx_a", "ctx_b", "endings", "label"),
+        {"activity_label": TEXT, "ctx_a": ANY_TEXT, "ctx_b": ANY_TEXT, "endings": ENDINGS, "label": INDEX_OR_DIGITS},
         hellaswag_item,
     ),
-    "arc_easy": BuiltinTask(
-        "allenai/ai2_arc", "ARC-Easy", "test", "choice", ("question", "choices", "answerKey"), arc_item
+    "arc_easy": BuiltinTask("allenai/ai2_arc", "ARC-Easy", "test", "choice", ARC_FIELDS, arc_item),
+    "arc_challenge": BuiltinTask("allenai/ai2_arc", "ARC-Challenge", "test", "choice", ARC_FIELDS, arc_item),
+    "piqa": BuiltinTask(
+        "baber/piqa",
+        None,
+        "validation",
+        "choice",
+        {"goal": TEXT, "sol1": TEXT, "sol2": TEXT, "label": INDEX},
+        piqa_item,
     ),
-    "arc_challenge": BuiltinTask(
-        "allenai/ai2_arc", "ARC-Challenge", "test", "choice", ("question", "choices", "answerKey"), arc_item
-    ),
-    "piqa": BuiltinTask("baber/piqa", None, "validation", "choice", ("goal", "sol1", "sol2", "label"), piqa_item),
-    "lambada": BuiltinTask("EleutherAI/lambada_openai", "default", "test", "cloze", ("text",), lambada_item),
+    "lambada": BuiltinTask("EleutherAI/lambada_openai", "default", "test", "cloze", {"text": CLOZE_TEXT}, lambada_item),
 }
-LOCAL_FIELDS = {"choice": ("ctx", "endings", "label"), "cloze": ("text",)}
+LOCAL_FIELDS = {"choice": {"ctx": TEXT, "endings": ENDINGS, "label": INDEX}, "cloze": {"text": CLOZE_TEXT}}
+
+
+def task_specs(entries: list[str]) -> list[str]:
+    """The --tasks entries (eval.py's arguments, or [eval] tasks), each split at its commas; blanks
+    between commas name nothing."""
+    return [spec.strip() for entry in entries for spec in entry.split(",") if spec.strip()]
 
 
 def load_task(spec: str, limit: int | None = None) -> Task:
     """The task a --tasks entry names (see the module's docstring), its first `limit` items (text:
     scoring windows) or all."""
     name, _, path = spec.partition("=")
-    if path:
+    if path and not Path(spec).is_file():
         if name not in BUILTIN_TASKS:
             raise UserError(
-                f"--tasks {spec!r}: {name!r} is not a built-in task (NAME=FILE reads one of "
+                f"--tasks {spec!r} is no file, and {name!r} is not a built-in task (NAME=FILE reads one of "
                 f"{', '.join(BUILTIN_TASKS)} from a local file)"
             )
         builtin = BUILTIN_TASKS[name]
@@ -165,40 +285,26 @@ def _task(
     kind: str,
     source: str,
     records: list[dict],
-    fields: tuple[str, ...],
+    fields: dict[str, Shape],
     make_item: Callable[[dict, str], Item],
     limit: int | None,
 ) -> Task:
     items = []
     for number, record in enumerate(records[:limit], start=1):
         where = f"{source} item {number}"
-        missing = [field for field in fields if field not in record]
-        if missing:
-            raise UserError(f"{where}: field {missing[0]!r} is missing (each item needs {', '.join(fields)})")
-        try:
-            item = make_item(record, where)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise UserError(f"{where}: a field has the wrong form ({e}; see {name}'s record format)") from None
-        items.append(_checked(item, "endings" if kind == "choice" else "text"))
+        _check_fields(record, fields, where)
+        items.append(make_item(record, where))
     return Task(name, kind, source, items)
 
 
-def _checked(item: Item, field: str) -> Item:
-    """The item, if every part is non-empty text and its label picks one of its choices."""
-    if not isinstance(item.context, str) or not item.context:
-        raise UserError(f"{item.where}: field 'ctx' is empty (give the text the choices continue)")
-    for number, choice in enumerate(item.choices):
-        if not isinstance(choice, str) or not choice.strip():
-            what = "the last word" if field == "text" else f"ending {number}"
-            raise UserError(f"{item.where}: field {field!r}: {what} is empty or not text (give non-empty text)")
-    if len(item.choices) < 1 or isinstance(item.label, bool) or not isinstance(item.label, int):
-        raise UserError(f"{item.where}: field 'label'={item.label!r} is not an integer index of an ending")
-    if not 0 <= item.label < len(item.choices):
-        raise UserError(
-            f"{item.where}: field 'label'={item.label} is out of range (it has {len(item.choices)} endings: "
-            f"use 0 .. {len(item.choices) - 1})"
-        )
-    return item
+def _check_fields(record: dict, fields: dict[str, Shape], where: str) -> None:
+    """Each field of the record is there and has its shape, or a UserError names the first that has not."""
+    for field, shape in fields.items():
+        if field not in record:
+            raise UserError(f"{where}: field {field!r} is missing (each item needs {', '.join(fields)})")
+        problem = shape.problem(record[field])
+        if problem is not None:
+            raise UserError(f"{where}: field {field!r}{problem} (give {shape.accepts})")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
