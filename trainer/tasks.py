@@ -53,7 +53,15 @@ class Task:
 
 
 def multiple_choice(context: str, endings: list[str], label: int, where: str, label_field: str = "label") -> Item:
-    """A question whose right ending is endings[label]; label_field names where the label came from."""
+    """A question whose right ending is endings[label]; label_field names where the label came from.
+    The endings are checked again as prepared (a HellaSwag ending of only bracketed marks is empty
+    once they are dropped): an empty one would have no log-likelihood and no length to divide by."""
+    for number, ending in enumerate(endings):
+        if not ending.strip():
+            raise UserError(
+                f"{where}: field 'endings': ending {number} is empty once prepared for scoring (nothing is left "
+                f"to score: give it text, or drop the item)"
+            )
     if not 0 <= label < len(endings):
         raise UserError(
             f"{where}: field {label_field!r}={label} is out of range (it has {len(endings)} endings: use 0 .. "
