@@ -324,7 +324,7 @@ CATALOGUE = [
     Case("dataset-with-another-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "the tokenizer.json is not the one the dataset was tokenized with (its sha256 is not tokenizer_sha256=", replace_dataset_tokenizer),
     Case("resume-on-another-tokenizer", "train.py", ["--config", "out/bpe/config.toml", "--train.init_from=resume", "--data.dataset=other"], "data.dataset='other' has the run's json vocabulary size (300) but its token ids stand for other text", bpe_run_and_another_bpe_dataset),
     # runs and checkpoints
-    Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
+    Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt) of this model; continue it with python train.py --config out/tiny/config.toml --train.init_from=resume, or start anew elsewhere (--train.out_dir=out/NAME)"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
     Case("out-dir-inside-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml/run"], "train.out_dir='tiny.toml/run' is inside 'tiny.toml', which is a file"),
     Case("out-dir-name-too-long", "train.py", [*TRAIN, "--train.out_dir=out/" + "x" * 300], "holds a name of 300 bytes, longer than the"),
@@ -436,6 +436,9 @@ CATALOGUE = [
     Case("hf-key-tensor-of-the-wrong-width", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.0.self_attn.k_proj.weight has shape (32, 16) but config.json implies (32, 32)", llama_dir(weights=lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": torch.zeros(32, 16)}))),
     Case("hf-mlp-tensor-of-the-wrong-shape", "sample.py", ["--init-from", "llama"], "llama/model.safetensors: model.layers.1.mlp.up_proj.weight has shape (64, 32) but config.json implies (85, 32)", llama_dir(weights=lambda t: t.update({"model.layers.1.mlp.up_proj.weight": torch.zeros(64, 32)}))),
     Case("hf-fused-qkv-of-the-wrong-shape", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.attn.c_attn.weight has shape (96, 32) but config.json implies (32, 96)", gpt2_dir(weights=lambda t: t.update({"transformer.h.0.attn.c_attn.weight": torch.zeros(96, 32)}))),
+    # a first command without a config, a changed model pointed at another model's run
+    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: finetune_shakespeare, gpt2_124m_fineweb"),
+    Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
 ]  # fmt: skip
 
 

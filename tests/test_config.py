@@ -111,7 +111,7 @@ def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
         (["--train.max_iters=0"], "train.max_iters=0 must be a positive integer"),
         (["--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
         (["--train.device=gpu"], "train.device='gpu' is not one of auto, cpu, cuda, cuda:N, mps"),
-        (["--train.threads=-1"], r"train.threads=-1 must be 0 \(torch's default\) or positive"),
+        (["--train.threads=-1"], r"train.threads=-1 must be 0 \(chosen from the free cores\) or positive"),
         (
             ["--train.init_from="],
             "train.init_from='' is not one of scratch, resume or a Hugging Face model folder or hub id",
