@@ -25,7 +25,6 @@ from trainer.config import config_help, load_config
 from trainer.distributed import World
 from trainer.loop import Trainer
 
-
 CONFIGS = Path(__file__).resolve().parent / "configs"
 QUICKSTART = "configs/shakespeare_char.toml"
 

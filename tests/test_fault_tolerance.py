@@ -112,10 +112,15 @@ def test_sigterm_and_ctrl_c_write_a_checkpoint_and_exit_cleanly(signum, config, 
     assert step >= 7  # the checkpoint written on the signal (evaluations only wrote step 5 by then)
     # on lines of their own, below the progress bar (on stderr): the message, then the command to paste
     lines = out.splitlines()
-    assert lines[-2] == f"stopped by {signum.name} at step {step}; checkpoint in {tmp_path / 'run' / 'ckpt.pt'}; continue with:"
+    assert (
+        lines[-2]
+        == f"stopped by {signum.name} at step {step}; checkpoint in {tmp_path / 'run' / 'ckpt.pt'}; continue with:"
+    )
     command = shlex.split(lines[-1])
     assert command[:2] == ["python", "train.py"] and command[2:] == [
-        "--config", str(tmp_path / "run" / "config.toml"), "--train.init_from=resume"
+        "--config",
+        str(tmp_path / "run" / "config.toml"),
+        "--train.init_from=resume",
     ]
     resumed = subprocess.run([sys.executable, *command[1:]], cwd=PROJECT_ROOT, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr

@@ -237,7 +237,9 @@ def test_existing_run_directory_is_not_overwritten(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    with pytest.raises(UserError, match=r"already holds a run \(ckpt.pt\) of this model; continue it with python train.py "):
+    with pytest.raises(
+        UserError, match=r"already holds a run \(ckpt.pt\) of this model; continue it with python train.py "
+    ):
         Trainer(tiny_config(run_dir, data_dir, train__max_iters=10))
     (run_dir / "ckpt.pt").unlink()  # as if the run had died before its first checkpoint
     with pytest.raises(UserError, match="holds the metrics.jsonl of a run that wrote no checkpoint"):

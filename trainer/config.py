@@ -144,11 +144,11 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt; a config file that sets none: out/ + its name
+    out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt; a file without one: out/ + its name
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
     dtype: str = "auto"  # float32, bfloat16, float16, or auto: bfloat16 on Ampere+ GPUs, float16 before, else float32
     compile: bool = False  # torch.compile the model (slow start, faster steps)
-    threads: int = 0  # CPU threads of each process for torch operators, at most 1024; 0 = one per core left free by other work
+    threads: int = 0  # CPU threads of each process for torch operators, at most 1024; 0 = one per free core
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
@@ -184,7 +184,9 @@ class TrainConfig:
             raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")
         if self.threads < 0:
             raise ValueError(f"threads={self.threads} must be 0 (chosen from the free cores) or positive")
-        _check_range(self, "threads", 0, MAX_THREADS, "0 = chosen from the free cores; more threads than cores only slow a run")
+        _check_range(
+            self, "threads", 0, MAX_THREADS, "0 = chosen from the free cores; more threads than cores only slow a run"
+        )
         for name in ("max_iters", "eval_interval", "log_interval"):
             _check_range(self, name, 1, MAX_STEPS, "steps")
         for name in ("gradient_accumulation_steps", "eval_iters"):

@@ -228,11 +228,12 @@ class Trainer:
         train = self.cfg.train
         self.optimizer.set_lr(lr)
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
-        # where the step starts, to drop it whole if a stop comes between its micro-batches
-        start = rng_state(self.device, self.batches, self.objective) if micro_batches > 1 else None
+        # where the step starts, to drop it whole if a stop comes between its micro-batches (in fit)
+        stop = self.stop if micro_batches > 1 else None
+        start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
         total_loss = torch.zeros((), device=self.device)
         for micro_batch in range(micro_batches):
-            if micro_batch > 0 and self.stop is not None and self.stop.requested(self.step, micro_batch) is not None:
+            if micro_batch > 0 and stop is not None and stop.requested(self.step, micro_batch) is not None:
                 self._drop_step(start)
                 return None
             x, y, prefix = self.objective(*self.batches.next_batch())
@@ -388,9 +389,7 @@ class Trainer:
             "wandb_run_id": self.wandb_run_id or "",
         }
 
-    def _stop(
-        self, signum: int, unlogged: tuple | None, throughput: Throughput | None, progress: tqdm
-    ) -> int:
+    def _stop(self, signum: int, unlogged: tuple | None, throughput: Throughput | None, progress: tqdm) -> int:
         """End the run on a stop request: log the last step if it was not (a checkpoint holds finite
         losses only), write its checkpoint unless the one on disk already holds it, and say how to
         go on, on a line of its own below the progress bar. A run stopped before its first step

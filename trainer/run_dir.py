@@ -104,7 +104,9 @@ class RunDir:
                 read_records(self.path / METRICS_NAME)  # a damaged log is refused before anything is written
             return checkpoint
         if self.checkpoint_path.exists():
-            raise UserError(f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}){self._what_works(cfg)}")
+            raise UserError(
+                f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}){self._what_works(cfg)}"
+            )
         if (self.path / METRICS_NAME).exists():
             raise UserError(
                 f"train.out_dir={train.out_dir!r} holds the {METRICS_NAME} of a run that wrote no checkpoint; "
