@@ -66,6 +66,7 @@ def tiny_values(out_dir: Path, data_dir: Path) -> dict:
             "eval_interval": 10,
             "eval_iters": 2,
             "log_interval": 1,
+            "threads": 1,  # not train.threads=0, which chooses from the machine's load: the same numbers every time
         },
     }
 

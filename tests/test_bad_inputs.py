@@ -340,7 +340,7 @@ CATALOGUE = [
     Case("dataset-with-another-tokenizer", "train.py", [*TRAIN, "--data.dataset=notes"], "the tokenizer.json is not the one the dataset was tokenized with (its sha256 is not tokenizer_sha256=", replace_dataset_tokenizer),
     Case("resume-on-another-tokenizer", "train.py", ["--config", "out/bpe/config.toml", "--train.init_from=resume", "--data.dataset=other"], "data.dataset='other' has the run's json vocabulary size (300) but its token ids stand for other text", bpe_run_and_another_bpe_dataset),
     # runs and checkpoints
-    Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt); continue it with --train.init_from=resume"),
+    Case("run-would-be-overwritten", "train.py", [*TRAIN, "--train.out_dir=out/tiny"], "already holds a run (ckpt.pt) of this model; continue it with python train.py --config out/tiny/config.toml --train.init_from=resume, or start anew elsewhere (--train.out_dir=out/NAME)"),
     Case("out-dir-is-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml"], "train.out_dir='tiny.toml' is a file, not a directory"),
     Case("out-dir-inside-a-file", "train.py", [*TRAIN, "--train.out_dir=tiny.toml/run"], "train.out_dir='tiny.toml/run' is inside 'tiny.toml', which is a file"),
     Case("out-dir-name-too-long", "train.py", [*TRAIN, "--train.out_dir=out/" + "x" * 300], "holds a name of 300 bytes, longer than the"),
@@ -475,6 +475,9 @@ CATALOGUE = [
     Case("eval-tasks-only-commas", "eval.py", [*EVAL, ","], "--tasks names no task (give NAME, NAME=FILE or FILE"),
     Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
     Case("resume-with-other-eval-tasks", "train.py", [*RESUME, "--eval.tasks=items.jsonl"], "eval.tasks='items.jsonl' but the run in out/tiny scored no [eval] tasks", write("items.jsonl", ITEM)),
+    # a first command without a config, a changed model pointed at another model's run
+    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: finetune_shakespeare, gpt2_124m_fineweb"),
+    Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
 ]  # fmt: skip
 
 

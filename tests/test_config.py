@@ -111,7 +111,7 @@ def test_wrong_type_on_command_line_names_key_value_and_type(override, message):
         (["--train.max_iters=0"], "train.max_iters=0 must be a positive integer"),
         (["--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
         (["--train.device=gpu"], "train.device='gpu' is not one of auto, cpu, cuda, cuda:N, mps"),
-        (["--train.threads=-1"], r"train.threads=-1 must be 0 \(torch's default\) or positive"),
+        (["--train.threads=-1"], r"train.threads=-1 must be 0 \(chosen from the free cores\) or positive"),
         (
             ["--train.init_from="],
             "train.init_from='' is not one of scratch, resume or a Hugging Face model folder or hub id",
@@ -331,3 +331,17 @@ def test_config_docs_table_documents_every_config_key_with_its_default():
 @pytest.mark.parametrize("path", sorted((PROJECT_ROOT / "configs").glob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_load(path):
     load_config(str(path), [])
+
+
+def test_a_config_file_without_out_dir_trains_into_a_directory_named_after_it(tmp_path):
+    """A config copied under a new name and changed never meets the run of the one it came from."""
+    copy = tmp_path / "deep.toml"
+    copy.write_text((PROJECT_ROOT / "configs" / "shakespeare_char.toml").read_text() + "\n")
+    assert load_config(str(copy), ["--model.n_layer=6"]).train.out_dir == "out/deep"
+    assert load_config(str(copy), ["--train.out_dir=out/mine"]).train.out_dir == "out/mine"  # the command line wins
+    assert load_config(write(tmp_path, '[train]\nout_dir = "elsewhere"\n'), []).train.out_dir == "elsewhere"
+
+
+def test_shipped_configs_train_into_out_slash_their_name():
+    for path in sorted((PROJECT_ROOT / "configs").glob("*.toml")):
+        assert load_config(str(path), []).train.out_dir == f"out/{path.stem}", path.name

@@ -215,6 +215,14 @@ def test_train_refuses_to_overwrite_a_run_and_leaves_it_intact(trained):
     assert checkpoint.read_bytes() == before
 
 
+def test_train_without_a_config_refuses_at_once_naming_the_configs_and_the_quickstart(tmp_path):
+    """Not GPT-2's size from the defaults, sitting at step 0 of 600,000: one line, and nothing written."""
+    result = run_script("train.py", cwd=tmp_path)
+    quickstart = "python train.py --config configs/shakespeare_char.toml"
+    assert_one_line_error(result, "no --config given", "shakespeare_char_gpt2", quickstart)
+    assert not any(tmp_path.iterdir())
+
+
 def test_sample_rejects_a_corrupt_checkpoint(trained):
     workdir, _ = trained
     broken = workdir / "broken"  # outside out/, so no other test takes it for the latest run

@@ -4,6 +4,7 @@ checkpoint left it."""
 import dataclasses
 import json
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -108,9 +109,21 @@ def test_sigterm_and_ctrl_c_write_a_checkpoint_and_exit_cleanly(signum, config, 
     assert process.returncode == 128 + signum
     assert "Traceback" not in err
     step = load_checkpoint(tmp_path / "run" / "ckpt.pt")["step"]
-    assert f"stopped by {signum.name} at step {step}; checkpoint in" in out
     assert step >= 7  # the checkpoint written on the signal (evaluations only wrote step 5 by then)
-    resume(config)
+    # on lines of their own, below the progress bar (on stderr): the message, then the command to paste
+    lines = out.splitlines()
+    assert (
+        lines[-2]
+        == f"stopped by {signum.name} at step {step}; checkpoint in {tmp_path / 'run' / 'ckpt.pt'}; continue with:"
+    )
+    command = shlex.split(lines[-1])
+    assert command[:2] == ["python", "train.py"] and command[2:] == [
+        "--config",
+        str(tmp_path / "run" / "config.toml"),
+        "--train.init_from=resume",
+    ]
+    resumed = subprocess.run([sys.executable, *command[1:]], cwd=PROJECT_ROOT, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
     assert train_losses(tmp_path / "run") == uninterrupted
 
 
@@ -150,8 +163,8 @@ def test_sigterm_during_a_long_evaluation_ends_the_run_within_seconds(config, tm
     finally:
         process.kill()
     assert process.returncode == 128 + signal.SIGTERM, err
-    assert seconds < 15 and "stopped by SIGTERM at step 0; checkpoint in" in out
-    assert load_checkpoint(run_dir / "ckpt.pt")["step"] == 0
+    assert seconds < 15 and "stopped by SIGTERM before the first step: nothing saved" in out
+    assert not run_dir.exists()
 
 
 @pytest.mark.parametrize("during", ["training", "evaluation"])
@@ -212,18 +225,17 @@ def signal_at_evaluation_batch(trainer: Trainer, step: int, batch: int) -> list[
     return batches
 
 
-@pytest.mark.parametrize("step", [0, 10], ids=["baseline", "step-10"])
-def test_a_stop_during_an_evaluation_ends_it_after_the_batch_and_keeps_the_step(tmp_path, data_dir, step):
+def test_a_stop_during_an_evaluation_ends_it_after_the_batch_and_keeps_the_step(tmp_path, data_dir):
     """A preemption's grace period (often 30 s) can be shorter than an evaluation of a large model:
     the evaluation ends after the batch the signal came in (here 3 of 2 x 50), the checkpoint holds
     the step, and the resumed run does the evaluation first."""
-    run_dir = tmp_path / "run"
+    run_dir, step = tmp_path / "run", 10
     trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, train__eval_iters=50))
     batches = signal_at_evaluation_batch(trainer, step, batch=3)
     assert trainer.fit() == signal.SIGTERM
     assert len(batches) == 3
     assert load_checkpoint(run_dir / "ckpt.pt")["step"] == step
-    assert evaluated_steps(run_dir) == [0, 5][: step // 5]
+    assert evaluated_steps(run_dir) == [0, 5]
     resumed = Trainer(
         tiny_config(run_dir, data_dir, train__max_iters=20, train__eval_interval=5, train__init_from="resume")
     )
@@ -273,6 +285,65 @@ def test_a_stop_during_eval_task_scoring_ends_it_after_the_batch_and_keeps_the_s
     assert evaluated_steps(run_dir) == [0, 5, 10, 15, 20]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(any(key.startswith("eval/") for key in r) for r in records if "val_loss" in r)
+def signal_at_micro_batch(trainer: Trainer, step: int, micro_batch: int) -> None:
+    """Raise SIGTERM during the forward pass of micro_batch (0, 1, ...) of the step after `step`."""
+    forward, seen = trainer.forward, []
+
+    def forward_with_signal(*args, **kwargs):
+        if trainer.model.training and trainer.step == step:
+            seen.append(step)
+            if len(seen) == micro_batch + 1:
+                signal.raise_signal(signal.SIGTERM)
+        return forward(*args, **kwargs)
+
+    trainer.forward = forward_with_signal
+
+
+@pytest.mark.parametrize("micro_batch", [0, 2])
+def test_a_stop_between_micro_batches_drops_the_step_and_resumes_bit_for_bit(tmp_path, data_dir, micro_batch):
+    """A step of many micro-batches (a large model's) does not delay a stop: the run stops after the
+    micro-batch in progress, drops the unfinished step (its gradients, batches and random numbers)
+    and saves the last finished one, from which the resumed run repeats the uninterrupted one."""
+    run = dict(train__max_iters=12, train__eval_interval=5, train__gradient_accumulation_steps=4, model__dropout=0.1)
+    Trainer(tiny_config(tmp_path / "whole", data_dir, **run)).fit()
+    trainer = Trainer(tiny_config(tmp_path / "split", data_dir, **run))
+    forward = trainer.forward
+    micro_batches = []
+    trainer.forward = lambda *args, **kwargs: micro_batches.append(trainer.step) or forward(*args, **kwargs)
+    signal_at_micro_batch(trainer, 7, micro_batch)
+    assert trainer.fit() == signal.SIGTERM
+    assert micro_batches.count(7) == micro_batch + 1  # nothing after the micro-batch the signal came in
+    assert load_checkpoint(tmp_path / "split" / "ckpt.pt")["step"] == 7
+    assert max(train_losses(tmp_path / "split")) == 7
+    assert Trainer(tiny_config(tmp_path / "split", data_dir, **run, train__init_from="resume")).fit() is None
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("during", ["baseline evaluation", "first step"])
+def test_a_run_stopped_before_its_first_step_saves_nothing(tmp_path, data_dir, capsys, during):
+    """Nothing is worth keeping: no checkpoint (which sample.py would pick as the latest run), and
+    none of the run's files, so that the same command starts it again."""
+    run_dir = tmp_path / "out" / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__gradient_accumulation_steps=4, train__eval_iters=50))
+    if during == "baseline evaluation":
+        signal_at_evaluation_batch(trainer, 0, batch=3)
+    else:
+        signal_at_micro_batch(trainer, 0, 1)
+    assert trainer.fit() == signal.SIGTERM
+    assert "stopped by SIGTERM before the first step: nothing saved" in capsys.readouterr().out
+    assert not run_dir.exists() and (tmp_path / "out").exists()
+    assert Trainer(tiny_config(run_dir, data_dir, train__max_iters=2)).fit() is None
+
+
+def test_a_resumed_run_stopped_before_its_next_step_keeps_its_checkpoint_as_it_was(tmp_path, data_dir, capsys):
+    run_dir, run = tmp_path / "run", dict(train__eval_interval=5, train__gradient_accumulation_steps=2)
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10, **run)).fit()
+    before = snapshot(run_dir)
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, train__init_from="resume", **run))
+    signal_at_micro_batch(trainer, 10, 0)
+    assert trainer.fit() == signal.SIGTERM
+    assert snapshot(run_dir)["ckpt.pt"] == before["ckpt.pt"]
+    assert "stopped by SIGTERM at step 10; checkpoint in" in capsys.readouterr().out
 
 
 def test_a_stop_at_an_evaluation_step_ends_its_evaluation_at_once(tmp_path, data_dir):

@@ -1,17 +1,20 @@
 import dataclasses
 import json
 import math
+import os
 import re
 
 import pytest
 import torch
 
+import trainer.loop as loop_module
 import trainer.metrics as metrics_module
+import trainer.runtime as runtime_module
 from errors import UserError
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
-from trainer.metrics import Throughput, flops_per_token, peak_flops, read_records, total_peak_flops
+from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, peak_flops, read_records, total_peak_flops
 from trainer.optim import build_optimizer, lr_at
 
 
@@ -234,13 +237,27 @@ def test_existing_run_directory_is_not_overwritten(tmp_path, data_dir):
     run_dir = tmp_path / "run"
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
     before = {p.name: p.read_bytes() for p in run_dir.iterdir()}
-    with pytest.raises(UserError, match=r"already holds a run \(ckpt.pt\); continue it with --train.init_from=resume"):
+    with pytest.raises(
+        UserError, match=r"already holds a run \(ckpt.pt\) of this model; continue it with python train.py "
+    ):
         Trainer(tiny_config(run_dir, data_dir, train__max_iters=10))
     (run_dir / "ckpt.pt").unlink()  # as if the run had died before its first checkpoint
     with pytest.raises(UserError, match="holds the metrics.jsonl of a run that wrote no checkpoint"):
         Trainer(tiny_config(run_dir, data_dir, train__max_iters=10))
     before.pop("ckpt.pt")
     assert {p.name: p.read_bytes() for p in run_dir.iterdir()} == before
+
+
+def test_a_new_run_of_another_model_is_pointed_to_another_directory_not_to_resume(tmp_path, data_dir):
+    """Resuming cannot work for a changed model: the refusal says so and names what works."""
+    run_dir = tmp_path / "run"
+    Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
+    with pytest.raises(UserError) as error:
+        Trainer(tiny_config(run_dir, data_dir, train__max_iters=10, model__n_layer=3))
+    message = str(error.value)
+    assert "that this config cannot resume (model.n_layer=3 but the run in" in message
+    assert message.endswith("train it in another directory (--train.out_dir=out/NAME)")
+    assert "init_from=resume" not in message
 
 
 def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path, data_dir):
@@ -332,3 +349,57 @@ def test_resumed_log_drops_a_torn_last_line_but_refuses_a_damaged_one(tmp_path):
     path.write_text('{"step": 1, "loss": 4.0}\n["not", "a", "record"]\n{"step": 3, "loss": 3.8}\n')
     with pytest.raises(UserError, match="metrics.jsonl line 2 is not a record of this trainer"):
         read_records(path)
+
+
+@pytest.mark.parametrize(
+    "usable, idle, processes, threads",
+    [
+        (2, 2.0, 1, 2),  # an idle machine: a thread per core
+        (2, 1.8, 1, 2),  # a little background work still leaves both cores
+        (2, 1.7, 1, 1),  # more than a quarter of a core taken: one thread
+        (2, 0.9, 1, 1),  # one other busy process
+        (2, 0.0, 1, 1),  # a machine kept busy: never fewer than one
+        (8, 6.0, 2, 3),  # two processes of a run share the free cores
+        (2, None, 1, 2),  # nothing known about the load: every usable core
+    ],
+)
+def test_threads_zero_gives_one_thread_per_free_core(monkeypatch, usable, idle, processes, threads):
+    monkeypatch.setattr(runtime_module, "usable_cores", lambda: usable)
+    monkeypatch.setattr(runtime_module, "idle_cores", lambda: idle)
+    assert runtime_module.auto_threads(processes)[0] == threads
+
+
+def test_threads_zero_sets_the_chosen_count_and_says_why(tmp_path, data_dir, monkeypatch, capsys):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(loop_module, "auto_threads", lambda processes: (1, "2 usable core(s), 0.3 idle"))
+    try:
+        Trainer(tiny_config(tmp_path / "run", data_dir, train__threads=0, train__max_iters=1)).fit()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert "1 CPU thread(s), chosen by train.threads=0 from 2 usable core(s), 0.3 idle" in capsys.readouterr().out
+
+
+def test_idle_cores_are_measured_on_this_machine():
+    """Where /proc/stat exists (Linux), the measure is a number of cores between none and all."""
+    idle = runtime_module.idle_cores(0.05)
+    assert idle is None or 0 <= idle <= os.cpu_count()
+    assert 1 <= runtime_module.usable_cores() <= os.cpu_count()
+
+
+def test_slowdown_watch_speaks_once_after_several_slow_intervals():
+    watch = SlowdownWatch()
+    rates = [100.0, 3000.0, 3200.0, 900.0, 900.0, 3100.0, 900.0, 900.0, 900.0, 900.0, 100.0]
+    said = [watch.update(rate) for rate in rates]
+    # the first interval (start-up) is not counted; one slow pair between fast ones is a hiccup
+    assert said == [None] * 8 + [3200.0, None, None]
+
+
+def test_a_run_that_slows_down_far_below_its_earlier_rate_says_so_once(tmp_path, data_dir, monkeypatch, capsys):
+    rates = iter([1000.0, 3600.0, 3600.0] + [700.0] * 100)
+    monkeypatch.setattr(Throughput, "measure", lambda self, step: {"tokens_per_sec": next(rates)})
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=12)).fit()
+    out = capsys.readouterr().out + capsys.readouterr().err
+    notes = [line for line in out.splitlines() if "note: training runs at" in line]
+    assert len(notes) == 1, out
+    assert "700 tokens/s, under a third of the 3,600" in notes[0] and "--train.threads=1" in notes[0]

@@ -145,11 +145,11 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt
+    out_dir: str = "out/run"  # run directory: config.toml, metrics.jsonl, ckpt.pt; a file without one: out/ + its name
     device: str = "auto"  # "auto" (cuda, else mps, else cpu), "cpu", "cuda", "cuda:N" or "mps"
     dtype: str = "auto"  # float32, bfloat16, float16, or auto: bfloat16 on Ampere+ GPUs, float16 before, else float32
     compile: bool = False  # torch.compile the model (slow start, faster steps)
-    threads: int = 0  # CPU threads of each process for torch operators, at most 1024; 0 = torch's default
+    threads: int = 0  # CPU threads of each process for torch operators, at most 1024; 0 = one per free core
     seed: int = 1337  # seeds weight init, dropout and batch sampling
     max_iters: int = 600000  # optimizer steps in the whole run
     gradient_accumulation_steps: int = 1  # micro-batches per optimizer step, over all processes (each runs 1/N)
@@ -184,8 +184,10 @@ class TrainConfig:
         if self.grad_clip < 0:
             raise ValueError(f"grad_clip={self.grad_clip} must be 0 (off) or positive")
         if self.threads < 0:
-            raise ValueError(f"threads={self.threads} must be 0 (torch's default) or positive")
-        _check_range(self, "threads", 0, MAX_THREADS, "0 = torch's default; more threads than cores only slow a run")
+            raise ValueError(f"threads={self.threads} must be 0 (chosen from the free cores) or positive")
+        _check_range(
+            self, "threads", 0, MAX_THREADS, "0 = chosen from the free cores; more threads than cores only slow a run"
+        )
         for name in ("max_iters", "eval_interval", "log_interval"):
             _check_range(self, name, 1, MAX_STEPS, "steps")
         for name in ("gradient_accumulation_steps", "eval_iters"):
@@ -337,9 +339,12 @@ def _check_choice(section, name: str, choices: tuple[str, ...]) -> None:
 
 
 def load_config(path: str | None, overrides: list[str]) -> Config:
-    """Defaults, then the TOML file at path (if any), then `--section.key=value` overrides."""
+    """Defaults, then the TOML file at path (if any), then `--section.key=value` overrides. A file
+    that sets no train.out_dir trains into out/ + the file's name (configs/deep.toml: out/deep), so
+    a config copied under a new name, and changed, never meets the run of the one it came from."""
     values: dict[str, dict[str, object]] = {name: {} for name in SECTIONS}
     if path is not None:
+        values["train"]["out_dir"] = f"out/{Path(path).stem}"
         for section, key, value in _read_toml(Path(path)):
             values[section][key] = _check_type(section, key, value, source=path)
         if _is_in_its_run_directory(Path(path)):

@@ -38,6 +38,7 @@ class World:
     local_rank: int = 0  # this process among those on its machine: its GPU index
     size: int = 1  # processes in the run
     launched: bool = False  # started by torchrun (then there is a process group, even for one process)
+    local_size: int = 1  # processes of the run on this machine, which share its cores
 
     @property
     def is_main(self) -> bool:
@@ -53,6 +54,7 @@ class World:
             local_rank=int(os.environ.get("LOCAL_RANK", "0")),
             size=int(os.environ["WORLD_SIZE"]),
             launched=True,
+            local_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
 
     def device(self, name: str) -> torch.device:

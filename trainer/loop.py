@@ -37,12 +37,12 @@ from trainer.evaluate import (
     metrics_record,
     summary_lines,
 )
-from trainer.metrics import Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
+from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
 from trainer.pretrained import crop_positions, is_hub_id, load_pretrained, with_pretrained_shape
 from trainer.run_dir import RunDir
-from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype
+from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.stop import StopSignals
 
 
@@ -55,8 +55,13 @@ class Trainer:
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
         self.device = self.world.device(train.device)
+        self.threads_chosen = None  # why train.threads = 0 chose the count it did, for the summary
         if train.threads:
             torch.set_num_threads(train.threads)
+        elif self.device.type == "cpu":
+            threads, why = auto_threads(self.world.local_size)
+            torch.set_num_threads(threads)
+            self.threads_chosen = f"{threads} CPU thread(s), chosen by train.threads=0 from {why}"
         self.dtype = resolve_dtype(train.dtype, self.device)
         if self.world.launched and train.parallelism == "fsdp" and self.dtype == torch.float16:
             raise UserError(
@@ -75,7 +80,7 @@ class Trainer:
     def _build(self, cfg: Config) -> None:
         """The model, optimizer, data and state of the run (restored from its checkpoint when resuming)."""
         train = cfg.train
-        checkpoint = self.run_dir.open()
+        checkpoint = self.run_dir.open(cfg)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         pretrained = None
         if train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
@@ -114,6 +119,8 @@ class Trainer:
         self.objective = Objective(cfg.model, train.seed + self.world.rank)  # prefix lengths, targets
         self.step = 0
         self.wandb_run_id = None
+        self.stop: StopSignals | None = None  # while fit runs: its stop requests
+        self.slowdown = SlowdownWatch()
         if checkpoint is not None:
             self._restore(checkpoint)
         self.forward = torch.compile(self.parallel.module) if train.compile else self.parallel.module
@@ -172,22 +179,26 @@ class Trainer:
             mininterval=0.5,
             disable=not self.world.is_main,
         )
+        micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
         try:
-            with StopSignals(self.world, self.device, self.step) as stop:
+            with StopSignals(self.world, self.device, self.step, micro_batches) as stop:
+                self.stop = stop
                 # the untrained baseline (close to ln(vocab_size)), or the evaluation a stop cut short
                 if not resumed or self.run_dir.evaluation_pending(self.step):
                     if not self._evaluate(progress.write, stop):
-                        self.save()
-                        return self._stopped(stop.agreed)
+                        return self._stop(stop.agreed, None, None, progress)
                 throughput = Throughput(
                     self.tokens_per_step,
                     flops_per_token(cfg.model, self.model.num_params()),
                     total_peak_flops(self.device, self.world.size),
                     self.step,
                 )
+                unlogged = None  # the last step's (loss, lr) while not yet logged: a stop logs it
                 while self.step < train.max_iters:
                     lr = lr_at(self.step, cfg.optim)
                     loss = self.train_step(lr)
+                    if loss is None:  # a stop between its micro-batches dropped the step
+                        return self._stop(stop.agreed, unlogged, throughput, progress)
                     self.step += 1
                     progress.update()
                     last = self.step == train.max_iters  # logged, evaluated and saved however short the run
@@ -200,31 +211,39 @@ class Trainer:
                         evaluated = self._evaluate(progress.write, stop)
                         self.save()
                         throughput.restart(self.step)  # evaluation time is not training time
+                    unlogged = None if logged else (loss, lr)
                     signum = stop.requested(self.step) if evaluated else stop.agreed
                     if signum is not None:
-                        if not logged:
-                            self._log_step(loss, lr, throughput, progress)  # a checkpoint holds finite losses only
-                        if not saved:
-                            self.save()
-                        return self._stopped(signum)
+                        return self._stop(signum, unlogged, throughput, progress)
         finally:
+            self.stop = None
             progress.close()
             if self.log is not None:
                 self.log.close()
-            self.run_dir.release()
+            if self.step == 0 and self.last_checkpoint_step is None:  # a new run that took no step: nothing to keep
+                self.run_dir.abandon()
+            else:
+                self.run_dir.release()
             self.world.stop()
         self._print(f"done: {self.step} steps; checkpoint in {self.run_dir.checkpoint_path}")
         return None
 
-    def train_step(self, lr: float) -> torch.Tensor:
+    def train_step(self, lr: float) -> torch.Tensor | None:
         """One optimizer step over this process's share of the gradient_accumulation_steps
         micro-batches; returns its mean loss (a tensor on the device: reading it forces a sync, so
-        only logging does)."""
+        only logging does), or None if a stop request came between two micro-batches: the step is
+        then dropped whole, leaving the state of the last finished step for the checkpoint."""
         train = self.cfg.train
         self.optimizer.set_lr(lr)
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
+        # where the step starts, to drop it whole if a stop comes between its micro-batches (in fit)
+        stop = self.stop if micro_batches > 1 else None
+        start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
         total_loss = torch.zeros((), device=self.device)
         for micro_batch in range(micro_batches):
+            if micro_batch > 0 and stop is not None and stop.requested(self.step, micro_batch) is not None:
+                self._drop_step(start)
+                return None
             x, y, prefix = self.objective(*self.batches.next_batch())
             # processes average their gradients once per step, in the last micro-batch's backward
             with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
@@ -240,6 +259,12 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total_loss / micro_batches
+
+    def _drop_step(self, start: dict) -> None:
+        """Undo the micro-batches of an unfinished step: its gradients, and the batches and random
+        numbers it drew, so that the checkpoint resumes exactly where the last finished step ended."""
+        self.optimizer.zero_grad(set_to_none=True)
+        restore_rng_state(start, self.device, self.batches, self.objective)
 
     @torch.no_grad()
     def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float] | None:
@@ -337,6 +362,14 @@ class Trainer:
         record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
         self._record(record)
         progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
+        best = self.slowdown.update(record["tokens_per_sec"])
+        if best is not None and self.device.type == "cpu" and self.world.is_main:
+            progress.write(
+                f"note: training runs at {record['tokens_per_sec']:,.0f} tokens/s, under a third of the {best:,.0f} "
+                f"it reached earlier: other work is probably sharing the CPU, and each of this run's "
+                f"{torch.get_num_threads()} threads waits for the slowest (--train.threads=1 is often several times "
+                f"faster on a busy machine; or use a quieter one)"
+            )
 
     def _record(self, record: dict) -> None:
         if self.log is not None:
@@ -373,12 +406,26 @@ class Trainer:
             "wandb_run_id": self.wandb_run_id or "",
         }
 
-    def _stopped(self, signum: int) -> int:
-        self._print(
-            f"stopped by {signal.Signals(signum).name} at step {self.step}; checkpoint in "
-            f"{self.run_dir.checkpoint_path} (continue with --config "
-            f"{self.run_dir.path / 'config.toml'} --train.init_from=resume)"
-        )
+    def _stop(self, signum: int, unlogged: tuple | None, throughput: Throughput | None, progress: tqdm) -> int:
+        """End the run on a stop request: log the last step if it was not (a checkpoint holds finite
+        losses only), write its checkpoint unless the one on disk already holds it, and say how to
+        go on, on a line of its own below the progress bar. A run stopped before its first step
+        writes nothing (fit then removes what it had written): there is nothing to continue."""
+        if unlogged is not None:
+            self._log_step(*unlogged, throughput, progress)
+        if self.step > 0 and self.step != self.last_checkpoint_step:
+            self.save()
+        progress.close()
+        name = signal.Signals(signum).name
+        if self.step == 0:
+            self._print(
+                f"stopped by {name} before the first step: nothing saved (start it again with the same command)"
+            )
+        else:
+            self._print(
+                f"stopped by {name} at step {self.step}; checkpoint in {self.run_dir.checkpoint_path}; continue with:\n"
+                f"  {self.run_dir.resume_command()}"
+            )
         return signum
 
     def _diverged(self, what: str) -> None:
@@ -405,6 +452,8 @@ class Trainer:
             f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
             f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
         )
+        if self.threads_chosen is not None:
+            self._print(self.threads_chosen)
         for note in (idle_keys(cfg), unfinished_schedule(cfg)):
             if note is not None:
                 self._print(f"note: {note}")

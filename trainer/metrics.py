@@ -83,6 +83,33 @@ class Throughput:
         return {"tokens_per_sec": tokens_per_sec, "mfu": self.flops_per_token * tokens_per_sec / self.peak_flops}
 
 
+class SlowdownWatch:
+    """Notices, once per run, a training speed that fell far below what the run showed earlier: on a
+    CPU, the sign of other work taking the cores that the run's threads wait for."""
+
+    RATIO = 1 / 3  # slower than this share of the best rate seen ...
+    PATIENCE = 3  # ... at this many logged intervals in a row (one slow interval is a hiccup)
+
+    def __init__(self):
+        self.best = 0.0
+        self.intervals = 0
+        self.slow = 0
+        self.noticed = False
+
+    def update(self, tokens_per_sec: float) -> float | None:
+        """The best rate seen, the first time the rate has stayed below RATIO of it for PATIENCE
+        intervals; else None. The first interval, which pays the start-up costs, is not counted."""
+        self.intervals += 1
+        if self.intervals == 1:
+            return None
+        self.slow = self.slow + 1 if tokens_per_sec < self.RATIO * self.best else 0
+        self.best = max(self.best, tokens_per_sec)
+        if self.slow < self.PATIENCE or self.noticed:
+            return None
+        self.noticed = True
+        return self.best
+
+
 class MetricsLog:
     """Appends records to run_dir/metrics.jsonl (each line written at once) and sends them to wandb."""
 

@@ -4,6 +4,8 @@ the run ends; it writes config.toml (the resolved config) and metrics.jsonl; the
 is written by trainer/checkpoint.py. Nothing here overwrites a run or a file the trainer did not write.
 """
 
+import shlex
+import tomllib
 from pathlib import Path
 
 from data.files import FileLock, atomic_open, check_writable_dir
@@ -33,6 +35,7 @@ class RunDir:
     def __init__(self, train: TrainConfig, world: World):
         self.train, self.world = train, world
         self.path = Path(train.out_dir)
+        self.written: list[Path] = []  # the files this run created (config.toml and metrics.jsonl of a new run)
         self.lock = self._lock()
 
     @property
@@ -68,12 +71,20 @@ class RunDir:
         self.lock.release()
 
     def abandon(self) -> None:
-        """Release the run directory of a run that did not start, leaving no trace of it."""
+        """Release the run directory of a run that did not start, or took no step, leaving no trace
+        of it: a new attempt in the same directory then starts as the first would have."""
         self.release()
+        for path in self.written:
+            path.unlink(missing_ok=True)
         if self.created and not any(self.path.iterdir()):
             self.path.rmdir()
 
-    def open(self) -> dict | None:
+    def resume_command(self) -> str:
+        """The whole command that continues this run: its config.toml holds every setting it ran with."""
+        launcher = f"torchrun --standalone --nproc_per_node={self.world.size}" if self.world.launched else "python"
+        return f"{launcher} train.py --config {shlex.quote(str(self.path / RUN_CONFIG_NAME))} --train.init_from=resume"
+
+    def open(self, cfg: Config) -> dict | None:
         """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
         train = self.train
         config_path = self.path / RUN_CONFIG_NAME
@@ -95,8 +106,7 @@ class RunDir:
             return checkpoint
         if self.checkpoint_path.exists():
             raise UserError(
-                f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}); continue it "
-                f"with --train.init_from=resume, or choose another --train.out_dir"
+                f"train.out_dir={train.out_dir!r} already holds a run ({CHECKPOINT_NAME}){self._what_works(cfg)}"
             )
         if (self.path / METRICS_NAME).exists():
             raise UserError(
@@ -105,25 +115,28 @@ class RunDir:
             )
         return None
 
+    def _what_works(self, cfg: Config) -> str:
+        """For a new run pointed at this directory's run: whether resuming it could work (the same
+        model and optimizer, by the run's config.toml) or not, and what to do instead."""
+        elsewhere = "--train.out_dir=out/NAME"
+        try:
+            saved = tomllib.loads((self.path / RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return f"; continue it with {self.resume_command()}, or choose another directory ({elsewhere})"
+        changes = unresumable_changes(config_to_dict(cfg), saved, self.path)
+        if changes:
+            return f" that this config cannot resume ({changes[0]}): train it in another directory ({elsewhere})"
+        return f" of this model; continue it with {self.resume_command()}, or start anew elsewhere ({elsewhere})"
+
     def check_resumable(self, checkpoint: dict, cfg: Config, dataset_meta: dict) -> None:
         """The model, the optimizer, the tokenizer and the [eval] tasks must be those of the run being
         resumed."""
         run_dir = self.path
-        saved_model = checkpoint["config"].get("model", {})
-        defaults = config_to_dict(Config())["model"]  # a checkpoint older than a key was trained with its default
-        for key, value in config_to_dict(cfg)["model"].items():
-            saved = saved_model.get(key, defaults[key])
-            if saved != value:
-                raise UserError(
-                    f"model.{key}={value!r} but the run in {run_dir} was trained with {saved!r} "
-                    f"(resume with the run's own config: --config {run_dir / 'config.toml'})"
-                )
-        saved_optimizer = checkpoint["config"].get("optim", {}).get("optimizer", "adamw")  # older runs: AdamW
-        if saved_optimizer != cfg.optim.optimizer:
+        changes = unresumable_changes(config_to_dict(cfg), checkpoint["config"], run_dir)
+        if changes:
             raise UserError(
-                f"optim.optimizer={cfg.optim.optimizer!r} but the run in {run_dir} was trained with "
-                f"{saved_optimizer!r}, whose state does not carry over (resume with the run's own config: "
-                f"--config {run_dir / 'config.toml'})"
+                f"{changes[0]}, whose state does not carry over (resume with the run's own config: "
+                f"{self.resume_command()}; or train this config in another directory: --train.out_dir=out/NAME)"
             )
         # the centred mean of other tasks is another figure: one line of it in metrics.jsonl and plot.py
         # must mean one set of tasks (older checkpoints without [eval] scored none)
@@ -158,6 +171,8 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         with atomic_open(self.path / RUN_CONFIG_NAME) as f:
             f.write(run_config_toml(cfg).encode("utf-8"))
+        if resume_step is None:  # a new run's own files, which abandon removes
+            self.written = [self.path / RUN_CONFIG_NAME, self.path / METRICS_NAME]
         return MetricsLog(self.path, cfg.wandb, config_to_dict(cfg), resume_step, wandb_run_id)
 
     def evaluation_pending(self, step: int) -> bool:
@@ -170,3 +185,24 @@ class RunDir:
             at_interval = step % self.train.eval_interval == 0
             pending = at_interval and not any(r["step"] == step for r in evaluated)
         return self.world.gather(pending)[0]
+
+
+# model keys a run fills in from its dataset when left at these values: the request does not differ
+FOLLOWS_DATA = {"vocab_size": 0, "eot_token": -1}
+
+
+def unresumable_changes(requested: dict, saved: dict, run_dir: Path) -> list[str]:
+    """What in the requested config (as a dict) the run in run_dir, saved with `saved`, cannot resume
+    with: its model keys and optimizer, each as 'model.n_layer=6 but the run in out/x was trained
+    with 4'. A key the saved config lacks (written before the key existed) counts as its default."""
+    defaults = config_to_dict(Config())
+    changes = []
+    for key, value in requested["model"].items():
+        was = saved.get("model", {}).get(key, defaults["model"][key])
+        if was != value and FOLLOWS_DATA.get(key, object()) != value:
+            changes.append(f"model.{key}={value!r} but the run in {run_dir} was trained with {was!r}")
+    optimizer = requested["optim"]["optimizer"]
+    was = saved.get("optim", {}).get("optimizer", "adamw")  # runs from before Muon used AdamW
+    if was != optimizer:
+        changes.append(f"optim.optimizer={optimizer!r} but the run in {run_dir} was trained with {was!r}")
+    return changes

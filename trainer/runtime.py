@@ -1,7 +1,10 @@
 """Choosing the device and the numeric precision, and what fits in its memory, shared by training and sampling."""
 
 import contextlib
+import math
 import os
+import time
+from pathlib import Path
 
 import torch
 
@@ -9,6 +12,9 @@ from errors import UserError
 from trainer.config import DEVICE_PATTERN, DEVICES
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_THREADS = torch.get_num_threads()  # torch's own default: one per physical core
+IDLE_SAMPLE_SECONDS = 0.3  # how long train.threads = 0 watches the cores before choosing
+FREE_CORE = 0.75  # the idle share of a core (on average over those usable) that makes it worth a thread
 
 
 def resolve_device(name: str, key: str = "train.device") -> torch.device:
@@ -93,3 +99,72 @@ def enable_tf32() -> None:
     inputs, float32 accumulation): much faster, and what mixed-precision training tolerates anyway."""
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+
+
+def auto_threads(processes: int = 1) -> tuple[int, str]:
+    """The CPU threads train.threads = 0 gives each of `processes` processes on this machine, and why.
+
+    A torch operator splits its work among the threads and waits for the last one: when other work
+    takes one of the cores, the thread there is descheduled and every operator waits for it. On a
+    2-core machine kept busy by other work, one thread ran the quickstart 6.6x to 9.5x faster than
+    two (docs/benchmarks.md); on an idle one, two were 1.6x faster. So: one thread per core that is
+    free, counted from the cores this process may use (its CPU affinity, a container's CPU quota,
+    at most torch's default of one per physical core) and how idle they were over
+    IDLE_SAMPLE_SECONDS at start (a core counts once FREE_CORE of one is idle), shared out among
+    the run's processes on the machine, and never fewer than one."""
+    usable = usable_cores()
+    idle = idle_cores()
+    free = usable if idle is None else min(usable, math.floor(idle + 1 - FREE_CORE))
+    threads = max(1, free // processes)
+    measured = "idleness unknown" if idle is None else f"{idle:.1f} idle"
+    return threads, f"{usable} usable core(s), {measured}" + (f", {processes} processes" if processes > 1 else "")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (Linux), within a cgroup CPU quota, at most
+    torch's default (physical cores: a second hyperthread of a core adds little to a matrix multiply)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()  # cgroup v2: "max 100000" or "200000 100000"
+        if quota != "max":
+            cores = min(cores, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass  # no quota: not Linux, or cgroup v1
+    return max(1, min(cores, TORCH_THREADS))
+
+
+def idle_cores(seconds: float = IDLE_SAMPLE_SECONDS) -> float | None:
+    """How many of this process's cores' worth of time went idle over `seconds` (from /proc/stat,
+    per core of its affinity); elsewhere the cores less the load average; None where neither is known."""
+    cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    before = _cpu_times(cpus)
+    if before is None:
+        try:
+            return max(0.0, (os.cpu_count() or 1) - os.getloadavg()[0])
+        except (AttributeError, OSError):
+            return None
+    time.sleep(seconds)
+    after = _cpu_times(cpus) or before
+    idle = 0.0
+    for cpu, (idle_after, total_after) in after.items():
+        idle_before, total_before = before.get(cpu, (idle_after, total_after))
+        if total_after > total_before:
+            idle += (idle_after - idle_before) / (total_after - total_before)
+    return idle
+
+
+def _cpu_times(cpus: set[int] | None) -> dict[int, tuple[int, int]] | None:
+    """Each core's (idle, total) time in clock ticks from /proc/stat, for the cores in cpus; None
+    where there is no /proc/stat. Idle includes iowait; the total, the first eight fields (guest time
+    is already inside user)."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    times = {}
+    for line in lines:
+        name, *fields = line.split()
+        if name.startswith("cpu") and name[3:].isdigit() and (cpus is None or int(name[3:]) in cpus):
+            ticks = [int(field) for field in fields[:8]]
+            times[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return times

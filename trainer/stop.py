@@ -1,5 +1,5 @@
-"""Stop requests: SIGINT (Ctrl-C) and SIGTERM (a scheduler's preemption) end a run after the step,
-or evaluation batch, in progress, with the same step in every process."""
+"""Stop requests: SIGINT (Ctrl-C) and SIGTERM (a scheduler's preemption) end a run after the
+micro-batch, or evaluation batch, in progress, at the same one in every process."""
 
 import signal
 import time
@@ -13,9 +13,11 @@ STOP_POLL_SECONDS = 2.0  # under torchrun, how often the processes agree on a st
 
 class StopSignals:
     """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
-    stop: the handler only sets a flag, which the loop reads after every step (`requested`) and an
-    evaluation after every batch (`during_evaluation`); the run then writes the checkpoint of its
-    last finished step and returns. A second Ctrl-C interrupts at once.
+    stop: the handler only sets a flag, which the loop reads after every step and between the
+    micro-batches of a step (`requested`), and an evaluation after every batch (`during_evaluation`);
+    the run then drops the step it was in the middle of, writes the checkpoint of its last finished
+    step and returns. A step of a large model made of many micro-batches thus never delays a stop by
+    more than one micro-batch. A second Ctrl-C interrupts at once.
 
     An evaluation that a stop interrupts is left unfinished (no record): a preemption's grace period
     (often 30 s) may be shorter than the evaluation of a large model. A resumed run does it first.
@@ -23,15 +25,17 @@ class StopSignals:
     A single process reads its own flag, a Python attribute: free. Under torchrun the processes must
     stop at the same step, or evaluation batch, and agreeing takes an all-reduce (on CUDA a host
     sync, which would stall the queue of GPU work if done every step). So they agree about every
-    STOP_POLL_SECONDS (`_Agreement`)."""
+    STOP_POLL_SECONDS (`_Agreement`), counting micro-batches: every process runs the same number of
+    them per step."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, world: World, device: torch.device, step: int):
+    def __init__(self, world: World, device: torch.device, step: int, micro_batches: int = 1):
         self.world, self.device = world, device
+        self.micro_batches = micro_batches  # this process's micro-batches in one step
         self.signal: int | None = None
         self.agreed: int | None = None  # the signal the processes last agreed to stop on
-        self.training = _Agreement(self, step)
+        self.training = _Agreement(self, step * micro_batches)
 
     def __enter__(self) -> "StopSignals":
         self.previous = {signum: signal.signal(signum, self._request) for signum in self.SIGNALS}
@@ -41,9 +45,10 @@ class StopSignals:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
 
-    def requested(self, step: int) -> int | None:
-        """The signal to stop on after this step (the same in every process), or None to go on."""
-        return self.training.requested(step)
+    def requested(self, step: int, micro_batches_done: int = 0) -> int | None:
+        """The signal to stop on after `step` steps and micro_batches_done micro-batches of the next
+        (the same in every process), or None to go on."""
+        return self.training.requested(step * self.micro_batches + micro_batches_done)
 
     def during_evaluation(self) -> "_Agreement":
         """The agreement for one evaluation: its `requested(batches)` after each batch."""
@@ -56,7 +61,7 @@ class StopSignals:
 
 
 class _Agreement:
-    """When the processes under torchrun next share their stop flags, counting steps (or evaluation
+    """When the processes under torchrun next share their stop flags, counting micro-batches (or evaluation
     batches): each all-reduce also shares the slowest process's time per unit, from which every
     process computes the same next count to meet at, about STOP_POLL_SECONDS later (the next one,
     while a unit takes longer than that)."""
