@@ -520,12 +520,12 @@ def main() -> None:
         return
     if args.out is None:
         raise UserError("--out is required: the folder that receives report.md, report.json and log.txt")
+    check_report_folder(args.out)
     if not args.smoke:
         import torch  # not before: each part has its own process, and a smoke run its own minute
 
         if not torch.cuda.is_available():
             raise UserError("this machine has no usable CUDA GPU (use --smoke to check the script on a CPU)")
-    check_report_folder(args.out)
     args.out.mkdir(parents=True, exist_ok=True)
     selected = [part for part in PARTS if part.name in args.parts]
     command = shlex.join(["python", "bench/gpu.py", *sys.argv[1:]])
