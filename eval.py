@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from data.files import atomic_open, check_output_file, is_json_object_with
+from data.files import check_output_file, is_json_object_with, write_output
 from errors import UserError, run_cli
 from sample import load_model
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint
@@ -98,8 +98,7 @@ def main() -> None:
     ]
     print("\n".join(summary_lines(results)))
     if args.json is not None:
-        with atomic_open(Path(args.json)) as f:
-            f.write((json.dumps(results_json(results), indent=2) + "\n").encode("utf-8"))
+        write_output(Path(args.json), (json.dumps(results_json(results), indent=2) + "\n").encode("utf-8"))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from data.files import atomic_open, check_output_file, is_json_object_with
+from data.files import check_output_file, is_json_object_with, write_output
 from errors import UserError
 from trainer.runtime import resolve_device
 
@@ -77,5 +77,4 @@ class BenchArguments(argparse.ArgumentParser):
 
 def write_json(path: Path, value: dict | list) -> None:
     """A script's figures as JSON, written whole or not at all."""
-    with atomic_open(path) as f:
-        f.write(json.dumps(value, indent=1).encode("utf-8"))
+    write_output(path, json.dumps(value, indent=1).encode("utf-8"))

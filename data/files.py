@@ -215,6 +215,14 @@ def check_output_folder(folder: Path, key: str, names: Iterable[str]) -> None:
         )
 
 
+def write_output(path: Path, content: bytes) -> None:
+    """Write a file output that check_output_file accepted: its folder made if missing, the bytes
+    written whole or not at all."""
+    make_dir(Path(path).parent)
+    with atomic_open(Path(path)) as f:
+        f.write(content)
+
+
 def is_json_object_with(path: Path, keys: Iterable[str]) -> bool:
     """Whether path holds a JSON object with (at least) these keys: how an earlier JSON output of a
     command is told from any other file."""
