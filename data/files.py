@@ -1,5 +1,6 @@
 """Reading text files one way everywhere, writing files so that a crash never leaves a half-written
-one in place, and locks so that two processes never write the same files at once."""
+one in place, locks so that two processes never write the same files at once, and the one rule for
+the paths a command writes: nothing it did not write is replaced or removed."""
 
 import fcntl
 import json
