@@ -54,9 +54,7 @@ def test_keep_checkpoints_never_removes_a_file_it_did_not_write(tmp_path):
     assert torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"] == 3
 
 
-def test_eval_json_goes_into_a_new_folder_and_replaces_an_earlier_results_file(
-    tmp_path, data_dir, monkeypatch, capsys
-):
+def test_eval_json_goes_into_a_new_folder_and_replaces_an_earlier_results_file(tmp_path, data_dir, monkeypatch, capsys):
     Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=2)).fit()
     (tmp_path / "items.jsonl").write_text('{"ctx": "ROMEO:", "endings": ["Peace!", "Away!"], "label": 0}\n')
     monkeypatch.chdir(tmp_path)
