@@ -16,7 +16,8 @@ highest, acc_norm the highest per character of the ending. Cloze: acc is the sha
 that greedy decoding gets exactly, ppl their perplexity. Text: ppl per token, bpb bits per UTF-8
 byte. Each accuracy is also given centred, (acc - chance) / (1 - chance), and the last line is
 their mean over the tasks. --json writes the figures only once every task is scored; a
-perplexity past the largest float prints as inf and is null there.
+perplexity past the largest float prints as inf and is null there. --json replaces only an earlier
+results file of eval.py, never another file (checked before the model is loaded).
 """
 
 import argparse
@@ -24,10 +25,10 @@ import json
 import sys
 from pathlib import Path
 
-from data.files import atomic_open, check_writable_dir
+from data.files import check_output_file, is_json_object_with, write_output
 from errors import UserError, run_cli
 from sample import load_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
 from trainer.runtime import DTYPES, resolve_device, resolve_dtype
 from trainer.tasks import task_specs
@@ -48,7 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--batch-size", type=int, default=32, help="endings (or text windows) scored in one forward pass (default: 32)"
     )
-    parser.add_argument("--json", metavar="OUT.json", help="write the figures to this file")
+    parser.add_argument(
+        "--json", metavar="OUT.json", help="write the figures to this file (new, or an earlier results file of eval.py)"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     dtype_help = "the model is cast to this (default: float32; auto: bfloat16 or float16 on a GPU)"
     parser.add_argument("--dtype", default="float32", choices=("auto", *DTYPES), help=dtype_help)
@@ -64,10 +67,25 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def check_json_output(args: argparse.Namespace) -> None:
+    """--json may replace only an earlier results file of eval.py, never a file this command reads
+    (a task file, the checkpoint) or any other (data/files.py's rule for every output)."""
+    named = [part for spec in args.tasks for part in (spec, spec.partition("=")[2]) if part]  # FILE, NAME=FILE
+    checkpoint = args.checkpoint or (args.out_dir and Path(args.out_dir) / CHECKPOINT_NAME)
+    inputs = [Path(name) for name in [*named, checkpoint] if name and Path(name).is_file()]
+    check_output_file(
+        Path(args.json),
+        "--json",
+        lambda path: is_json_object_with(path, results_json([])),
+        "a results file of eval.py",
+        inputs,
+    )
+
+
 def main() -> None:
     args = parse_args()
     if args.json is not None:
-        check_writable_dir(Path(args.json).parent, "--json's folder")
+        check_json_output(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.checkpoint is not None:
@@ -85,8 +103,8 @@ def main() -> None:
     ]
     print("\n".join(summary_lines(results)))
     if args.json is not None:
-        with atomic_open(Path(args.json)) as f:
-            f.write((json.dumps(results_json(results), indent=2, allow_nan=False) + "\n").encode("utf-8"))
+        figures = json.dumps(results_json(results), indent=2, allow_nan=False) + "\n"
+        write_output(Path(args.json), figures.encode("utf-8"))
 
 
 if __name__ == "__main__":

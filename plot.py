@@ -22,6 +22,8 @@ prefix of a third of the positions, a document picture documents that start at a
 two thirds (settable with --prefix and --documents-at). `attention` runs a trained model on the
 prompt and draws the attention weights of every layer and head (or their average with --average)
 as heatmaps labelled with the prompt's tokens.
+
+--out replaces only an earlier picture (a PNG that Matplotlib wrote), never another file.
 """
 
 import argparse
@@ -37,6 +39,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from data.files import atomic_open, check_output_file  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.masks import dense_mask, pattern_rule  # noqa: E402
@@ -391,11 +394,25 @@ def check_out(out: str) -> None:
         raise UserError(f"--out={out!r} must name a .png file")
     if not path.parent.is_dir():
         raise UserError(f"--out={out!r}: the folder {str(path.parent)!r} does not exist")
+    check_output_file(path, "--out", drawn_by_matplotlib, "a picture drawn by plot.py (a PNG Matplotlib wrote)")
+
+
+def drawn_by_matplotlib(path: Path) -> bool:
+    """A PNG that Matplotlib wrote, as plot.py's pictures are (its `Software` text names Matplotlib):
+    an earlier picture, which --out may replace."""
+    from PIL import Image  # Matplotlib's own dependency
+
+    try:
+        with Image.open(path) as image:
+            return image.format == "PNG" and image.info.get("Software", "").startswith("Matplotlib")
+    except (OSError, ValueError):  # not an image, or a damaged one
+        return False
 
 
 def save(fig, out: str) -> None:
     path = Path(out)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    with atomic_open(path) as f:  # a picture appears whole or not at all
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     print(f"wrote {path}", file=sys.stderr)
 

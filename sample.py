@@ -8,7 +8,8 @@
 
 --export writes the folder of the Hugging Face family that computes the model (GPT-2, Llama, Qwen3,
 StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
-computes is refused, naming the switch.
+computes is refused, naming the switch. The folder must be new, or hold none of the files the
+export writes and no other model: nothing in it is replaced.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
@@ -45,7 +46,7 @@ from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
-from trainer.pretrained import export_model, model_from_pretrained
+from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 RUNS_ROOT = Path("out")
@@ -237,6 +238,8 @@ def main() -> None:
     args = parse_args()
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    if args.export is not None:
+        check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load_model(args)
     if args.export is not None:
         family = export_model(model, tokenizer, Path(args.export))

@@ -9,8 +9,9 @@ Every run is `train.py` from start to exit, one torch thread each (--jobs runs a
 configs/shakespeare_char_gpt2.toml, each variant that config with the overrides listed in VARIANTS,
 and "quickstart" is configs/shakespeare_char.toml itself. Finished runs are recorded in
 out-dir/results.jsonl and skipped when the command is run again, so an interrupted ablation goes on
-where it stopped. The table gives, per variant, the mean final val loss over the seeds, its spread
-(max - min), the difference from the base's mean, and the mean wall time with its ratio to the base's.
+where it stopped (a results.jsonl of anything else is refused, never appended to). The table
+gives, per variant, the mean final val loss over the seeds, its spread (max - min), the difference
+from the base's mean, and the mean wall time with its ratio to the base's.
 """
 
 import argparse
@@ -26,12 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.arguments import BenchArguments  # noqa: E402
-from data.files import read_text  # noqa: E402
+from data.files import check_output_file, read_text  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 BASE = "configs/shakespeare_char_gpt2.toml"
 QUICKSTART = "configs/shakespeare_char.toml"
+RESULT_KEYS = ("variant", "seed", "val_loss", "wall_s")  # a line of results.jsonl: one finished run
 VARIANTS = {  # name: (config, overrides)
     "gpt2": (BASE, []),
     "rope": (BASE, ["--model.pos_emb=rope"]),
@@ -78,7 +80,16 @@ def train(out_dir: Path, variant: str, seed: int) -> dict:
     wall = time.perf_counter() - start
     if result.returncode != 0:
         raise UserError(f"{' '.join(command)} failed:\n{result.stderr.strip().splitlines()[-1]}")
-    return {"variant": variant, "seed": seed, "val_loss": final_val_loss(run_dir), "wall_s": round(wall, 1)}
+    return dict(zip(RESULT_KEYS, (variant, seed, final_val_loss(run_dir), round(wall, 1)), strict=True))
+
+
+def is_results_file(path: Path) -> bool:
+    """Whether path is the results.jsonl of an earlier ablation: one finished run per line."""
+    try:
+        records = [json.loads(line) for line in read_text(path).splitlines()]
+    except (OSError, ValueError):
+        return False
+    return all(isinstance(record, dict) and set(RESULT_KEYS) <= set(record) for record in records)
 
 
 def table(results: list[dict]) -> list[str]:
@@ -106,8 +117,9 @@ def table(results: list[dict]) -> list[str]:
 def main() -> None:
     args = parse_args()
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     results_path = out_dir / "results.jsonl"
+    check_output_file(results_path, "--out-dir", is_results_file, "the results.jsonl of an earlier ablation")
+    out_dir.mkdir(parents=True, exist_ok=True)
     done = [json.loads(line) for line in read_text(results_path).splitlines()] if results_path.exists() else []
     finished = {(r["variant"], r["seed"]) for r in done}
     todo = [(v, s) for s in args.seeds for v in (args.only or VARIANTS) if (v, s) not in finished]

@@ -22,7 +22,6 @@ batch of --batch-size rows in float32. --json PATH also writes the three tables 
 
 import argparse
 import dataclasses
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.arguments import BenchArguments  # noqa: E402
+from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig, attention  # noqa: E402
 from trainer.runtime import DTYPES, autocast  # noqa: E402
@@ -53,7 +52,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_count("--steps", default=5, help="timed steps (default: 5)")
     parser.add_count("--warmup", minimum=0, default=2, help="untimed steps first (default: 2)")
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="(default: float32)")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the tables to this JSON file")
+    parser.add_json_output("--json", ("step", "attention", "cache"), help="also write the tables to this JSON file")
     args = parser.parse_args()
     try:
         model_config(args, {})
@@ -183,7 +182,7 @@ def main() -> None:
         tables["cache"].append(dict(cache=name, slots=cache.k[0].size(2), bytes=held))
         print(f"| {name} | {cache.k[0].size(2)} | {held / 2**20:,.1f} MiB |")
     if args.json:
-        args.json.write_text(json.dumps(tables, indent=1))
+        write_json(args.json, tables)
 
 
 def model_config(args: argparse.Namespace, keys: dict) -> GPTConfig:

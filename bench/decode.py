@@ -28,7 +28,6 @@ the estimate as JSON.
 
 import argparse
 import copy
-import json
 import os
 import platform
 import sys
@@ -39,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.arguments import BenchArguments  # noqa: E402
+from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, PackedLinear, pack_linears, packing_unavailable  # noqa: E402
 from model.families import config_from_hf, state_dict_from_hf  # noqa: E402
@@ -60,7 +59,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_device()
     parser.add_argument("--dtype", default="float32", choices=DTYPES, help="both models' dtype (default: float32)")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the rows to this JSON file")
+    parser.add_json_output("--json", ("new_tokens", "rows"), help="also write the rows to this JSON file")
     args = parser.parse_args()
     args.new_tokens = args.new_tokens or (32 if args.small else 256)
     if args.prompt_len + args.new_tokens > N_POSITIONS:
@@ -140,7 +139,7 @@ def main() -> None:
         columns = ("implementation", "batch", "cache", "mode", "products", "seconds")
         records = [dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1]) for row in rows]
         estimate = dict(weight_bytes=weight_bytes, read_bytes_per_sec=bandwidth, bound_tokens_per_sec=1000 / bound_ms)
-        args.json.write_text(json.dumps(dict(new_tokens=new_tokens, rows=records) | estimate, indent=1))
+        write_json(args.json, dict(new_tokens=new_tokens, rows=records) | estimate)
 
 
 def configurations(

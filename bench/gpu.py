@@ -9,10 +9,11 @@ process of its own with a time limit, the report rewritten after each.
 
 --out receives three files, and only these: report.md (a table: figure, value, goal, command),
 report.json (the same, with each part's status, time and last 40 lines of output) and log.txt (all
-the parts' output). Runs, checkpoints and prepared data go to a temporary folder (SCRATCH in the
-commands shown), removed at the end. A part that fails or runs out of time leaves the figures it
-had recorded, and the next part starts. Nothing here needs the network, `datasets` or `wandb`: the
-datasets used ship with the project.
+the parts' output). A folder that already holds any of those names is refused, unless it holds an
+earlier report (its report.json), whose files are replaced. Runs, checkpoints and prepared data go
+to a temporary folder (SCRATCH in the commands shown), removed at the end. A part that fails or
+runs out of time leaves the figures it had recorded, and the next part starts. Nothing here needs
+the network, `datasets` or `wandb`: the datasets used ship with the project.
 
 --smoke runs every part at toy sizes on the CPU, so the script cannot rot without a GPU to run it
 on: what a CPU cannot run (NCCL, CUDA graphs, FlexAttention's backward pass) is reported as skipped,
@@ -40,10 +41,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.arguments import BenchArguments  # noqa: E402
+from bench.arguments import BenchArguments, write_json  # noqa: E402
+from data.files import atomic_open, check_output_file, is_json_object_with  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 
 TARGET_VAL_LOSS = 1.4697  # nanoGPT's baby GPT on character-level Shakespeare, about 3 minutes on an A100
+REPORT_FILES = ("report.md", "report.json", "log.txt")  # all that --out receives
+REPORT_KEYS = ("started", "command", "smoke", "parts")  # what report.json holds
 OUTPUT_TAIL_LINES = 40  # of each part's output, kept in report.json (a traceback, the last progress lines)
 GRACE_SECONDS = 10  # after its time limit, a part (or a command) gets SIGTERM, then this long before SIGKILL
 
@@ -81,9 +85,7 @@ class PartRun:
 
     def record(self, figure: str, value: str, goal: str = "", command: str = "") -> None:
         self.figures.append(dict(figure=figure, value=value, goal=goal, command=command))
-        tmp = self.result_path.with_name(self.result_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.figures, indent=1))
-        os.replace(tmp, self.result_path)  # the parent, reading after a kill, sees a whole list
+        write_json(self.result_path, self.figures)  # whole or not at all: the parent, reading after a kill, sees a list
 
     def skip(self, figure: str, reason: str, goal: str = "") -> None:
         self.record(figure, f"skipped: {reason}", goal)
@@ -466,8 +468,16 @@ def stop_group(process: subprocess.Popen, grace: float) -> None:
         process.wait()
 
 
+def check_report_folder(out: Path) -> None:
+    """--out receives REPORT_FILES: each may replace only a file of an earlier report (the folder holds
+    the report.json of one), never another file (data/files.py's rule for every output)."""
+    earlier_report = lambda _: is_json_object_with(out / "report.json", REPORT_KEYS)  # noqa: E731
+    for name in REPORT_FILES:
+        check_output_file(out / name, "--out", earlier_report, "a file of an earlier report of bench/gpu.py")
+
+
 def write_report(out: Path, report: dict) -> None:
-    (out / "report.json").write_text(json.dumps(report, indent=1))
+    write_json(out / "report.json", report)
     lines = [
         f"# CUDA path report{' (smoke: toy sizes on a CPU)' if report['smoke'] else ''}",
         "",
@@ -482,7 +492,8 @@ def write_report(out: Path, report: dict) -> None:
         for f in part["figures"]:
             command = f"`{f['command']}`" if f["command"] else ""
             lines.append(f"| {f['figure']} | {f['value']} | {f['goal']} | {command} |".replace("\n", " "))
-    (out / "report.md").write_text("\n".join(lines) + "\n")
+    with atomic_open(out / "report.md") as f:
+        f.write(("\n".join(lines) + "\n").encode("utf-8"))
 
 
 def main() -> None:
@@ -509,6 +520,7 @@ def main() -> None:
         return
     if args.out is None:
         raise UserError("--out is required: the folder that receives report.md, report.json and log.txt")
+    check_report_folder(args.out)
     if not args.smoke:
         import torch  # not before: each part has its own process, and a smoke run its own minute
 

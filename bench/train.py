@@ -31,7 +31,6 @@ START = time.perf_counter()  # before the imports: they are part of a run's star
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -40,7 +39,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.arguments import BenchArguments  # noqa: E402
+from bench.arguments import BenchArguments, write_json  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import Config, TrainConfig, load_config  # noqa: E402
@@ -55,7 +54,8 @@ def main() -> None:
     parser.add_count("--warmup", minimum=0, default=5, help="untimed steps first (default: 5)")
     parser.add_count("--profile", minimum=0, default=0, metavar="N", help="print the N costliest operators of a step")
     parser.add_count("--batch-sizes", nargs="+", metavar="N", help="time the largest of these batch sizes that fits")
-    parser.add_argument("--json", type=Path, metavar="PATH", help="also write the figures to this JSON file")
+    recognised_by = ("tokens_per_sec", "step_seconds", "checkpoint_seconds")  # keys of an earlier --json of this script
+    parser.add_json_output("--json", recognised_by, help="also write the figures to this JSON file")
     args, overrides = parser.parse_known_args()
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(args.config, [*overrides, f"--train.out_dir={scratch}/run"])
@@ -84,7 +84,7 @@ def main() -> None:
         print_run_time(trainer.cfg.train, startup, step_seconds, evaluation_seconds, checkpoint_seconds)
         if args.json:
             times = dict(startup_seconds=startup, evaluation_seconds=evaluation_seconds)
-            args.json.write_text(json.dumps(figures | times | dict(checkpoint_seconds=checkpoint_seconds), indent=1))
+            write_json(args.json, figures | times | dict(checkpoint_seconds=checkpoint_seconds))
 
 
 def largest_fitting_batch(cfg: Config, batch_sizes: list[int], scratch: Path) -> Config:

@@ -1,10 +1,13 @@
 """Reading text files one way everywhere, writing files so that a crash never leaves a half-written
-one in place, and locks so that two processes never write the same files at once."""
+one in place, locks so that two processes never write the same files at once, and the one rule for
+the paths a command writes: nothing it did not write is replaced or removed."""
 
 import fcntl
+import json
 import os
+import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
@@ -15,6 +18,11 @@ from errors import UserError
 # metrics.jsonl): UTF-8, with a leading byte-order mark, which some Windows editors write, skipped
 # rather than read as the character U+FEFF (a token the corpus does not hold, JSON that does not parse)
 TEXT_ENCODING = "utf-8-sig"
+# bytes of a file's name kept in its temporary name: with the dot, the random part and .tmp, within
+# the 255 bytes a name may have on common filesystems
+TEMPORARY_STEM_BYTES = 200
+# an output file is recognised as an earlier one of its kind by reading it; none of ours is this large
+MAX_RECOGNISED_BYTES = 64 << 20
 
 
 def read_text(path: Path, errors: str = "strict") -> str:
@@ -27,17 +35,33 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
     """Open `path` for writing in binary mode; the file appears under its name only once it is
     complete. The bytes go to a temporary file beside it, which is flushed to disk and then renamed
     over `path` (a rename within one filesystem is atomic); the folder is flushed too, so the new
-    name survives a power cut. If writing fails (a full disk, a kill), `path` is untouched."""
-    tmp = path.with_name(path.name + ".tmp")
+    name survives a power cut. If writing fails (a full disk, a kill), `path` is untouched.
+
+    The temporary file is created exclusively under a fresh name (`.NAME.<random>.tmp`), so it can
+    never be a file that was already there: removing it after a failure removes only what this wrote."""
+    path = Path(path)
+    fd, tmp = _create_temporary(path)
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
         _sync_folder(path.parent)
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # ours alone (created exclusively); gone once renamed
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """A new, empty file beside path, created with O_EXCL under a name no file had (permissions as
+    `open` gives, after the umask); its descriptor, open for writing, and its path."""
+    stem = os.fsdecode(os.fsencode(path.name)[:TEMPORARY_STEM_BYTES])  # leaves room for the suffix
+    while True:
+        tmp = path.with_name(f".{stem}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue  # a name taken by chance (1 in 4 billion): draw another
 
 
 def _sync_folder(folder: Path) -> None:
@@ -147,3 +171,73 @@ def make_dir(path: Path) -> None:
         raise UserError(
             f"the folder {str(path)!r} cannot be made ({e.strerror}): choose a place you can write"
         ) from None
+
+
+# ------------------------------------------------------------------------------------------- outputs
+# The one rule for every path a command writes (docs/bad-inputs.md, "Nothing overwritten or mixed
+# up"), checked before any work starts: a file is replaced only when it is an earlier output of the
+# same kind, which the user asked for again by naming it; nothing else is written over, renamed
+# over or removed.
+
+
+def check_output_file(
+    path: Path, key: str, earlier_output: Callable[[Path], bool], kind: str, inputs: Iterable[Path] = ()
+) -> None:
+    """Refuse, before any work, a file output that is a directory, a file the command reads
+    (`inputs`), or an existing file that `earlier_output` does not recognise as one of its kind (an
+    earlier output, described by `kind`, e.g. "a results file of eval.py"). `key` names the option."""
+    path = Path(path)
+    shown = f"{key}={str(path)!r}"
+    if path.is_dir():
+        raise UserError(f"{shown} is a directory, not a file (give the name of a file to write)")
+    check_writable_dir(path.parent, f"{key}'s folder")
+    if not os.path.lexists(path):
+        return
+    if any(_same_file(path, source) for source in inputs):
+        raise UserError(f"{shown} is a file this command reads, which its output would replace (choose another {key})")
+    if not earlier_output(path):
+        raise UserError(
+            f"{shown} already exists and is not {kind}: it is never replaced (choose another {key}, or remove "
+            f"the file yourself)"
+        )
+
+
+def check_output_folder(folder: Path, key: str, names: Iterable[str]) -> None:
+    """Refuse, before any work, a folder output that cannot be written or already holds anything
+    under one of `names`, the files the command would write there: those are never replaced."""
+    folder = Path(folder)
+    check_writable_dir(folder, key)
+    held = sorted({name for name in names if os.path.lexists(folder / name)})
+    if held:
+        them = "it" if len(held) == 1 else "them"
+        raise UserError(
+            f"{key}={str(folder)!r} already holds {', '.join(held)}, where this writes its files: nothing there "
+            f"is replaced (choose a new or empty folder, or move {them} away yourself)"
+        )
+
+
+def write_output(path: Path, content: bytes) -> None:
+    """Write a file output that check_output_file accepted: its folder made if missing, the bytes
+    written whole or not at all."""
+    make_dir(Path(path).parent)
+    with atomic_open(Path(path)) as f:
+        f.write(content)
+
+
+def is_json_object_with(path: Path, keys: Iterable[str]) -> bool:
+    """Whether path holds a JSON object with (at least) these keys: how an earlier JSON output of a
+    command is told from any other file."""
+    try:
+        if Path(path).stat().st_size > MAX_RECOGNISED_BYTES:
+            return False
+        value = json.loads(read_text(path))
+    except (OSError, ValueError):
+        return False
+    return isinstance(value, dict) and set(keys) <= set(value)
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    try:
+        return os.path.samefile(path, other)
+    except OSError:
+        return False

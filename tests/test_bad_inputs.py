@@ -425,7 +425,7 @@ CATALOGUE = [
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
-    Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds a model (config.json, model.safetensors)", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
+    Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
     Case("prepare-over-a-foreign-tokenizer", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "300", "--out", "nano"], "nano holds tokenizer.json but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/tokenizer.json", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
@@ -478,6 +478,17 @@ CATALOGUE = [
     # a first command without a config, a changed model pointed at another model's run
     Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: finetune_shakespeare, gpt2_124m_fineweb"),
     Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
+    # outputs: a file is replaced only when it is an earlier output of its kind, checked before any work
+    Case("eval-json-over-a-task-file", "eval.py", [*EVAL, "items.jsonl", "--json", "items.jsonl"], "--json='items.jsonl' is a file this command reads, which its output would replace (choose another --json)", write("items.jsonl", ITEM)),
+    Case("eval-json-over-the-checkpoint", "eval.py", [*EVAL, "items.jsonl", "--json", "out/tiny/ckpt.pt"], "--json='out/tiny/ckpt.pt' is a file this command reads", write("items.jsonl", ITEM)),
+    Case("eval-json-over-another-file", "eval.py", [*EVAL, "items.jsonl", "--json", "tiny.toml"], "--json='tiny.toml' already exists and is not a results file of eval.py: it is never replaced (choose another --json, or remove the file yourself)", write("items.jsonl", ITEM)),
+    Case("eval-json-is-a-directory", "eval.py", ["--out-dir", "out/missing", "--tasks", "items.jsonl", "--json", "out"], "--json='out' is a directory, not a file (give the name of a file to write)"),
+    Case("export-over-a-tokenizer-config", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export='exported' already holds tokenizer_config.json, where this writes its files", write_files("exported/tokenizer_config.json", "exported/README.md")),
+    Case("export-before-loading", "sample.py", ["--out-dir", "out/missing", "--export", "exported"], "--export='exported' already holds config.json", write_files("exported/config.json")),
+    Case("plot-over-another-file", "plot.py", ["mask", "--size", "8", "--out", "notes.png"], "--out='notes.png' already exists and is not a picture drawn by plot.py", write_files("notes.png")),
+    Case("bench-json-over-another-file", "bench/decode.py", ["--json", "tiny.toml"], "--json='tiny.toml' already exists and is not the figures of an earlier decode.py"),
+    Case("ablation-over-foreign-results", "bench/ablation.py", ["--out-dir", "ablation", "--seeds", "1"], "--out-dir='ablation/results.jsonl' already exists and is not the results.jsonl of an earlier ablation", write_files("ablation/results.jsonl")),
+    Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
 ]  # fmt: skip
 
 

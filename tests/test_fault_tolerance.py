@@ -285,6 +285,8 @@ def test_a_stop_during_eval_task_scoring_ends_it_after_the_batch_and_keeps_the_s
     assert evaluated_steps(run_dir) == [0, 5, 10, 15, 20]
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(any(key.startswith("eval/") for key in r) for r in records if "val_loss" in r)
+
+
 def signal_at_micro_batch(trainer: Trainer, step: int, micro_batch: int) -> None:
     """Raise SIGTERM during the forward pass of micro_batch (0, 1, ...) of the step after `step`."""
     forward, seen = trainer.forward, []

@@ -7,6 +7,7 @@ the old one, so a crash mid-write leaves the previous checkpoint intact.
 
 import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -67,7 +68,9 @@ def _write_checkpoint(state: dict, path: Path, keep: int) -> None:
         torch.save(state, f)
     with atomic_open(path) as f, open(step_path, "rb") as source:
         shutil.copyfileobj(source, f)  # a copy, not a hard link: rewriting one name must not change the other
-    written = sorted(path.parent.glob(f"{path.stem}_*{path.suffix}"))  # zero-padded steps: in step order
+    # only the names this writes (ckpt_ and a step): a ckpt_best.pt of the user's is never removed
+    step_name = re.compile(rf"{re.escape(path.stem)}_\d{{8,}}{re.escape(path.suffix)}")
+    written = sorted(p for p in path.parent.iterdir() if step_name.fullmatch(p.name))  # zero-padded: step order
     # a run resumed from an older checkpoint abandons those after it
     abandoned = [p for p in written if p.name > step_path.name]
     for old in abandoned + [p for p in written if p.name <= step_path.name][:-keep]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_open, check_writable_dir, make_dir
+from data.files import atomic_open, check_output_folder, make_dir
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
@@ -19,6 +19,7 @@ from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from trainer.config import Config
 
 TOKENIZER_NAME = "tokenizer.json"
+EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", "config.json")  # what --export writes
 # what a hub download fetches: the files this project reads (not other formats' weights)
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
@@ -163,7 +164,9 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     """Write the Hugging Face folder of the family that computes model: config.json,
     model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json, which
     transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the family. Weights that are
-    not all finite numbers are refused before anything is written: import would refuse the folder."""
+    not all finite numbers are refused before anything is written: import would refuse the folder.
+    The folder is new, or holds none of those files and no other model: nothing there is replaced or
+    removed."""
     try:
         family = family_for(model.config)
     except ValueError as e:
@@ -171,13 +174,7 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     problem = non_finite(model.state_dict())
     if problem is not None:
         raise UserError(f"--export cannot write this model: its weight {problem} (export one from before it diverged)")
-    check_writable_dir(directory, "--export")
-    held = _model_files(directory)
-    if held:
-        raise UserError(
-            f"--export={str(directory)!r} already holds a model ({', '.join(held)}), which the export would "
-            f"replace: export into a new or empty directory"
-        )
+    check_export_folder(directory)
     make_dir(directory)
     config = hf_config(model.config, family, tokenizer.eot_token)
     config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
@@ -193,6 +190,12 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
     return family
+
+
+def check_export_folder(directory: Path) -> None:
+    """Refuse, before the model is even loaded, an --export folder that holds any file the export
+    writes, or another model's weights, which ours would be mixed with."""
+    check_output_folder(directory, "--export", [*EXPORT_FILES, *_model_files(directory)])
 
 
 def tokenizer_config(tokenizer: Tokenizer) -> dict:
