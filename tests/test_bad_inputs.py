@@ -478,6 +478,19 @@ CATALOGUE = [
     # a first command without a config, a changed model pointed at another model's run
     Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: finetune_shakespeare, gpt2_124m_fineweb"),
     Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
+    # generation tasks: a prompt or a conversation, and a non-empty answer; gsm8k's answer ends in its final number
+    Case("eval-generation-answer-missing", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'answer' is missing", write("gen.jsonl", '{"prompt": "ROMEO:"}\n')),
+    Case("eval-generation-empty-answer", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'answer'=\" \" is empty (give non-empty text)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": " "}\n')),
+    Case("eval-generation-prompt-not-text", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt'=5 is a whole number, not text", write("gen.jsonl", '{"prompt": 5, "answer": "Peace!"}\n')),
+    Case("eval-generation-no-prompt", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt' is missing (each item needs prompt or messages, and answer)", write("gen.jsonl", '{"answer": "Peace!"}\n')),
+    Case("eval-generation-prompt-and-messages", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: fields 'prompt' and 'messages' are both given", write("gen.jsonl", '{"prompt": "ROMEO:", "messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-unknown-role", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 0's 'role'=\"bot\" is none of system, user, assistant", write("gen.jsonl", '{"messages": [{"role": "bot", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-empty-message", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 1's 'content'=\"\" is empty", write("gen.jsonl", '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}], "answer": "Peace!"}\n')),
+    Case("eval-generation-last-message-not-the-user", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': the last message is the assistant's, not the user's", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}, {"role": "assistant", "content": "Peace!"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-messages-without-a-template", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages' is a conversation, and this model's tokenizer has no chat template to render it with", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-prompt-outside-vocabulary", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿'", write("gen.jsonl", '{"prompt": "¿ROMEO?", "answer": "Peace!"}\n')),
+    Case("eval-gsm8k-answer-without-its-number", "eval.py", [*EVAL, "gsm8k=gsm.jsonl"], "gsm.jsonl item 1: field 'answer'=\"It is 72.\" has no '#### ' before its final answer", write("gsm.jsonl", '{"question": "How many?", "answer": "It is 72."}\n')),
+    Case("eval-max-new-tokens-zero", "eval.py", [*EVAL, "gen.jsonl", "--max-new-tokens", "0"], "--max-new-tokens=0 is not allowed (use 1 or more)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": "Peace!"}\n')),
 ]  # fmt: skip
 
 
