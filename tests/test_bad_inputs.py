@@ -491,6 +491,8 @@ CATALOGUE = [
     Case("eval-generation-prompt-outside-vocabulary", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿'", write("gen.jsonl", '{"prompt": "¿ROMEO?", "answer": "Peace!"}\n')),
     Case("eval-gsm8k-answer-without-its-number", "eval.py", [*EVAL, "gsm8k=gsm.jsonl"], "gsm.jsonl item 1: field 'answer'=\"It is 72.\" has no '#### ' before its final answer", write("gsm.jsonl", '{"question": "How many?", "answer": "It is 72."}\n')),
     Case("eval-max-new-tokens-zero", "eval.py", [*EVAL, "gen.jsonl", "--max-new-tokens", "0"], "--max-new-tokens=0 is not allowed (use 1 or more)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": "Peace!"}\n')),
+    Case("chat-tasks-over-its-files", "data/chat_tasks.py", ["--out", "made", "--train", "5", "--val", "2", "--heldout", "2"], "made already holds train.jsonl (delete them or choose another --out)", write_files("made/train.jsonl")),
+    Case("chat-tasks-none-held-out", "data/chat_tasks.py", ["--out", "made", "--heldout", "0"], "--heldout=0 is not allowed (use 1 or more)"),
 ]  # fmt: skip
 
 
