@@ -1,23 +1,28 @@
-"""Score a model on multiple-choice, cloze and perplexity tasks.
+"""Score a model on multiple-choice, cloze, generation and perplexity tasks.
 
     python eval.py --out-dir out/shakespeare_gpt2 --tasks hellaswag,arc_easy,piqa,lambada
     python eval.py --init-from models/gpt2 --tasks my_items.jsonl --json out.json --device cpu
     python eval.py --checkpoint out/run/ckpt.pt --tasks hellaswag=hellaswag_val.jsonl,notes.txt
 
---tasks takes built-in names (hellaswag, arc_easy, arc_challenge, piqa, lambada: read from the
-Hugging Face hub through `datasets`, prepared as lm-evaluation-harness prepares them), NAME=FILE
+--tasks takes built-in names (hellaswag, arc_easy, arc_challenge, piqa, lambada, gsm8k: read from
+the Hugging Face hub through `datasets`, prepared as lm-evaluation-harness prepares them), NAME=FILE
 (a built-in task from a local JSON-lines copy of the hub's records, for a machine offline), or
-local files: a .jsonl of {"ctx": ..., "endings": [...], "label": i} (multiple choice) or
-{"text": ...} (cloze: the last word), or any other file as text (perplexity and bits per byte).
+local files: a .jsonl of {"ctx": ..., "endings": [...], "label": i} (multiple choice),
+{"text": ...} (cloze: the last word), {"prompt": ..., "answer": ...} or {"messages": [...],
+"answer": ...} (generation), or any other file as text (perplexity and bits per byte).
 An entry that is an existing file is that file, even with `=` in its name.
 
 Each ending is scored by its summed log-likelihood after the context and one space: acc picks the
 highest, acc_norm the highest per character of the ending. Cloze: acc is the share of last words
-that greedy decoding gets exactly, ppl their perplexity. Text: ppl per token, bpb bits per UTF-8
-byte. Each accuracy is also given centred, (acc - chance) / (1 - chance), and the last line is
-their mean over the tasks. --json writes the figures only once every task is scored; a
-perplexity past the largest float prints as inf and is null there. --json replaces only an earlier
-results file of eval.py, never another file (checked before the model is loaded).
+that greedy decoding gets exactly, ppl their perplexity. Generation: acc is the share of greedy
+replies (ended by the end-of-text token, a newline after a plain prompt, or --max-new-tokens) equal
+to the answer once both are stripped and their runs of whitespace made one space; gsm8k compares
+the final numbers as the harness does (acc: its strict-match, acc_flexible: its flexible-extract).
+Text: ppl per token, bpb bits per UTF-8 byte. Each accuracy is also given centred,
+(acc - chance) / (1 - chance), and the last line is their mean over the tasks. --json writes the
+figures only once every task is scored; a perplexity past the largest float prints as inf and is
+null there. --json replaces only an earlier results file of eval.py, never another
+file (checked before the model is loaded).
 """
 
 import argparse
@@ -47,7 +52,15 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--limit", type=int, help="score the first N items of each task (text: N windows)")
     parser.add_argument(
-        "--batch-size", type=int, default=32, help="endings (or text windows) scored in one forward pass (default: 32)"
+        "--batch-size",
+        type=int,
+        default=32,
+        help="endings (text windows, generation prompts) in one forward pass (default: 32)",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        help="generation tasks: the longest reply in tokens (default: 64 for a local file, 256 for gsm8k)",
     )
     parser.add_argument(
         "--json", metavar="OUT.json", help="write the figures to this file (new, or an earlier results file of eval.py)"
@@ -62,6 +75,8 @@ def parse_args() -> argparse.Namespace:
         raise UserError("--tasks names no task (give NAME, NAME=FILE or FILE, comma- or space-separated)")
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit={args.limit} is not allowed (use 1 or more)")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens={args.max_new_tokens} is not allowed (use 1 or more)")
     if args.batch_size < 1:
         raise UserError(f"--batch-size={args.batch_size} is not allowed (use 1 or more)")
     return args
@@ -94,7 +109,7 @@ def main() -> None:
         source = path
     else:
         model, tokenizer, source = load_model(args)
-    tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size)
+    tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size, args.max_new_tokens)
     model.to(device=device, dtype=dtype)
     print(f"evaluating {source} on {device.type}", file=sys.stderr)
     results = [

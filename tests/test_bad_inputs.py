@@ -489,6 +489,21 @@ CATALOGUE = [
     Case("bench-json-over-another-file", "bench/decode.py", ["--json", "tiny.toml"], "--json='tiny.toml' already exists and is not the figures of an earlier decode.py"),
     Case("ablation-over-foreign-results", "bench/ablation.py", ["--out-dir", "ablation", "--seeds", "1"], "--out-dir='ablation/results.jsonl' already exists and is not the results.jsonl of an earlier ablation", write_files("ablation/results.jsonl")),
     Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
+    # generation tasks: a prompt or a conversation, and a non-empty answer; gsm8k's answer ends in its final number
+    Case("eval-generation-answer-missing", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'answer' is missing", write("gen.jsonl", '{"prompt": "ROMEO:"}\n')),
+    Case("eval-generation-empty-answer", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'answer'=\" \" is empty (give non-empty text)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": " "}\n')),
+    Case("eval-generation-prompt-not-text", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt'=5 is a whole number, not text", write("gen.jsonl", '{"prompt": 5, "answer": "Peace!"}\n')),
+    Case("eval-generation-no-prompt", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt' is missing (each item needs prompt or messages, and answer)", write("gen.jsonl", '{"answer": "Peace!"}\n')),
+    Case("eval-generation-prompt-and-messages", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: fields 'prompt' and 'messages' are both given", write("gen.jsonl", '{"prompt": "ROMEO:", "messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-unknown-role", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 0's 'role'=\"bot\" is none of system, user, assistant", write("gen.jsonl", '{"messages": [{"role": "bot", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-empty-message", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 1's 'content'=\"\" is empty", write("gen.jsonl", '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}], "answer": "Peace!"}\n')),
+    Case("eval-generation-last-message-not-the-user", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': the last message is the assistant's, not the user's", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}, {"role": "assistant", "content": "Peace!"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-messages-without-a-template", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages' is a conversation, and this model's tokenizer has no chat template to render it with", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-prompt-outside-vocabulary", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿'", write("gen.jsonl", '{"prompt": "¿ROMEO?", "answer": "Peace!"}\n')),
+    Case("eval-gsm8k-answer-without-its-number", "eval.py", [*EVAL, "gsm8k=gsm.jsonl"], "gsm.jsonl item 1: field 'answer'=\"It is 72.\" has no '#### ' before its final answer", write("gsm.jsonl", '{"question": "How many?", "answer": "It is 72."}\n')),
+    Case("eval-max-new-tokens-zero", "eval.py", [*EVAL, "gen.jsonl", "--max-new-tokens", "0"], "--max-new-tokens=0 is not allowed (use 1 or more)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": "Peace!"}\n')),
+    Case("chat-tasks-over-its-files", "data/chat_tasks.py", ["--out", "made", "--train", "5", "--val", "2", "--heldout", "2"], "made already holds train.jsonl (delete them or choose another --out)", write_files("made/train.jsonl")),
+    Case("chat-tasks-none-held-out", "data/chat_tasks.py", ["--out", "made", "--heldout", "0"], "--heldout=0 is not allowed (use 1 or more)"),
 ]  # fmt: skip
 
 

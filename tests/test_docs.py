@@ -106,6 +106,7 @@ NOT_RUN = {
     "python data/prepare.py --dataset roneneldan/TinyStories --tokenizer gpt2 --out data/tinystories --val-fraction 0.01": HUB,
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks hellaswag,arc_easy,arc_challenge,piqa,lambada --json out.json": HUB,
     "python -m trainer.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag": HUB,
+    "python eval.py --out-dir out/shakespeare_gpt2 --tasks gsm8k --limit 100": HUB,
     # several GPUs
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
     "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py --config ...": "two machines of 8 GPUs; HOST and the config are to be filled in",

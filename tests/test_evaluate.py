@@ -1,6 +1,7 @@
-"""Evaluation: multiple choice, cloze and text scored as lm-evaluation-harness scores them, whatever
-the batching, and eval.py's figures."""
+"""Evaluation: multiple choice, cloze, generation and text scored as lm-evaluation-harness scores
+them, whatever the batching, and eval.py's figures."""
 
+import dataclasses
 import json
 import math
 
@@ -15,16 +16,19 @@ from plot import main as plot_main
 from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import (
+    EvaluationStopped,
+    Prompt,
     TaskResult,
     centred_mean,
     evaluate_task,
+    generate_replies,
     score_items,
     split_tokens,
 )
 from trainer.loop import Trainer
 from trainer.metrics import read_metrics
 from trainer.pretrained import export_model
-from trainer.tasks import Item, Task, load_task
+from trainer.tasks import GSM8K_JUDGE, LOCAL_JUDGE, Item, Question, Task, load_task, normalise
 
 TASKS = PROJECT_ROOT / "tests" / "tasks"
 
@@ -128,17 +132,20 @@ def test_centred_mean_puts_chance_at_zero_and_perfect_at_one():
     [
         ("next_line.jsonl", "choice", {4}),
         ("last_word.jsonl", "cloze", {1}),
+        ("line_end.jsonl", "generation", None),
         ("hellaswag=hellaswag.jsonl", "choice", {4}),
         ("arc_easy=arc.jsonl", "choice", {3, 4, 5}),
         ("piqa=piqa.jsonl", "choice", {2}),
         ("lambada=lambada.jsonl", "cloze", {1}),
+        ("gsm8k=gsm8k.jsonl", "generation", None),
     ],
 )
 def test_shipped_task_files_read_in_every_format(spec, kind, n_choices):
     name, _, path = spec.rpartition("=")
     task = load_task(f"{name}={TASKS / path}" if name else str(TASKS / path))
     assert task.kind == kind and len(task.items) >= 20
-    assert {len(item.choices) for item in task.items} <= n_choices
+    if n_choices is not None:
+        assert {len(item.choices) for item in task.items} <= n_choices
 
 
 def test_hellaswag_records_lose_their_bracketed_marks():
@@ -152,17 +159,19 @@ def test_eval_py_writes_every_task_under_its_stem(tmp_path, monkeypatch, capsys)
     model = tiny_model(vocab_size=tokenizer.vocab_size)
     export_model(model, tokenizer, tmp_path / "model")
     tasks = [str(TASKS / "next_line.jsonl"), f"lambada={TASKS / 'lambada.jsonl'}", str(TASKS / "passage.txt")]
+    tasks += [str(TASKS / "line_end.jsonl"), f"gsm8k={TASKS / 'gsm8k.jsonl'}"]
     out = tmp_path / "out.json"
     args = ["--init-from", str(tmp_path / "model"), "--tasks", ",".join(tasks), "--json", str(out), "--device", "cpu"]
-    assert run_entry_point("eval.py", [*args, "--limit", "6"], monkeypatch) == 0
+    assert run_entry_point("eval.py", [*args, "--limit", "6", "--max-new-tokens", "5"], monkeypatch) == 0
     figures = json.loads(out.read_text())
-    assert list(figures["tasks"]) == ["next_line", "lambada", "passage"]
-    expected = [evaluate_task(model, tokenizer, load_task(spec, 6), 32, limit=6) for spec in tasks]
+    assert list(figures["tasks"]) == ["next_line", "lambada", "passage", "line_end", "gsm8k"]
+    assert set(figures["tasks"]["gsm8k"]) == {"acc", "acc_flexible", "n"}
+    expected = [evaluate_task(model, tokenizer, load_task(spec, 6, 5), 32, limit=6) for spec in tasks]
     for result in expected:
         assert figures["tasks"][result.name] == pytest.approx(result.metrics)
     assert figures["centred_mean"] == pytest.approx(centred_mean(expected))
     printed = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in printed] == ["next_line", "lambada", "passage", "centred"]
+    assert [line.split()[0] for line in printed] == ["next_line", "lambada", "passage", "line_end", "gsm8k", "centred"]
 
 
 def test_training_scores_the_eval_tasks_into_metrics(tmp_path, data_dir):
@@ -269,3 +278,142 @@ def test_scores_that_are_not_finite_are_refused_naming_the_item(spec, message):
     model = nan_model(tokenizer.vocab_size, block_size=64)
     with pytest.raises(UserError, match=message):
         evaluate_task(model, tokenizer, load_task(str(TASKS / spec), limit=4), batch_size=4, limit=4)
+
+
+# generation tasks
+
+
+def greedy_by_hand(model, tokenizer, prompt: str, max_new_tokens: int) -> list[int]:
+    """The greedy continuation of prompt, one full forward pass per token, no cache, no batch."""
+    ids = tokenizer.encode(prompt)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits, _ = model(torch.tensor(ids)[None])
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(tokenizer.encode(prompt)) :]
+
+
+def generation_task(items: list[Question], max_new_tokens: int) -> Task:
+    judge = dataclasses.replace(LOCAL_JUDGE, max_new_tokens=max_new_tokens)
+    return Task("lines", "generation", "here", items, judge=judge)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 100])
+def test_generation_acc_is_the_share_of_greedy_first_lines_equal_to_the_answer(batch_size):
+    """Half of the answers are the model's own greedy first line (spaced otherwise: normalisation),
+    the other half that line with one more character: acc and every item's verdict as by hand,
+    whatever the batching (prompts of different lengths share a left-padded batch)."""
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
+    prompts = [item.prompt for item in load_task(str(TASKS / "line_end.jsonl"), limit=7).items]
+    items, expected = [], []
+    for n, prompt in enumerate(prompts):
+        reply = tokenizer.decode(greedy_by_hand(model, tokenizer, prompt, 12)).split("\n")[0]
+        right = n % 2 == 0
+        answer = "  " + " ".join(reply.split()).replace(" ", " \t ") + " " if right else reply.strip() + "x"
+        items.append(Question(prompt, None, answer, f"item {n}"))
+        expected.append(int(right))
+    result = evaluate_task(model, tokenizer, generation_task(items, 12), batch_size)
+    assert result.predictions == expected
+    assert result.metrics == {"acc": 4 / 7, "n": 7}
+    assert result.centred == 4 / 7  # chance is 0
+
+
+def test_normalisation_strips_and_collapses_whitespace_and_keeps_case():
+    assert normalise("  thou  art\t\n so\n") == "thou art so"
+    assert normalise("ROMEO") != normalise("romeo")
+
+
+def test_a_reply_ends_at_the_first_stop_string_or_end_token():
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
+    prompt = "ROMEO: what"
+    full = greedy_by_hand(model, tokenizer, prompt, 10)
+    text = tokenizer.decode(full)
+    ids = tokenizer.encode(prompt)
+
+    def reply(stops: tuple[str, ...], end_tokens: tuple[int, ...] = ()) -> str:
+        prompts = [Prompt(ids, end_tokens, chat=False)]
+        return generate_replies(model, tokenizer, prompts, lambda _: stops, 10, batch_size=1)[0]
+
+    assert reply(()) == text  # max_new_tokens
+    # as the harness: generation ends once a stop string is complete, and the text is cut before every one in it
+    stops = (text[5:7], text[2:9])
+    expected = text[: min(text.find(stop) + len(stop) for stop in stops)]
+    for stop in stops:
+        expected = expected.split(stop)[0]
+    assert reply(stops) == expected
+    assert reply((), (full[5],)) == tokenizer.decode(full[: full.index(full[5])])
+
+
+def test_gsm8k_compares_numbers_as_the_harness_filters_and_exact_match_do():
+    """acc is the harness's strict-match (the number after '#### '), acc_flexible its flexible-extract
+    (the last number), both then through exact_match's regexes_to_ignore and ignore_case."""
+    harness_filters = pytest.importorskip("lm_eval.filters.extraction")
+    from lm_eval.api.metrics import exact_match_hf_evaluate
+
+    reference = (
+        "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips.\n#### 1,072"
+    )
+    replies = [
+        " She sold 1072 clips.\n#### 1,072",
+        " The answer is $1,072.",
+        " 48 and then 1072, no: 24",
+        " #### -3.50.",
+        " nothing here",
+        "#### 1072.",
+    ]
+    harness = {
+        "acc": harness_filters.RegexFilter("#### (\\-?[0-9\\.\\,]+)", 0),
+        "acc_flexible": harness_filters.RegexFilter("(-?[$0-9.,]{2,})|(-?[0-9]+)", -1),
+    }
+    ignore = [",", "\\$", "(?s).*#### ", "\\.$"]
+    assert GSM8K_JUDGE.reference(reference) == "1072"
+    for figure, regex_filter in harness.items():
+        extracted = [picked[0] for picked in regex_filter.apply([[reply] for reply in replies], [])]
+        expected = [
+            exact_match_hf_evaluate([x], [reference], regexes_to_ignore=ignore, ignore_case=True)["exact_match"]
+            for x in extracted
+        ]
+        ours = [float(GSM8K_JUDGE.figures[figure](reply) == GSM8K_JUDGE.reference(reference)) for reply in replies]
+        assert ours == expected, figure
+    assert GSM8K_JUDGE.figures["acc"](replies[0]) == "1072" and GSM8K_JUDGE.figures["acc"](replies[4]) == "[invalid]"
+    assert GSM8K_JUDGE.figures["acc_flexible"](replies[1]) == "1072"
+
+
+def test_gsm8k_records_become_the_harness_zero_shot_prompt():
+    task = load_task(f"gsm8k={TASKS / 'gsm8k.jsonl'}", limit=2)
+    question = json.loads((TASKS / "gsm8k.jsonl").read_text().splitlines()[0])["question"]
+    assert task.kind == "generation" and task.judge is GSM8K_JUDGE
+    assert task.items[0].prompt == f"Question: {question}\nAnswer:"
+    assert GSM8K_JUDGE.stops == ("Question:", "</s>", "<|im_end|>") and not GSM8K_JUDGE.first_line
+    assert load_task(f"gsm8k={TASKS / 'gsm8k.jsonl'}", max_new_tokens=5).judge.max_new_tokens == 5
+
+
+def test_a_stop_request_ends_generation_after_the_batch():
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
+    task = load_task(str(TASKS / "line_end.jsonl"), limit=6, max_new_tokens=4)
+    asked = []
+    with pytest.raises(EvaluationStopped):
+        evaluate_task(model, tokenizer, task, batch_size=2, stop=lambda: asked.append(1) or len(asked) == 2)
+    assert len(asked) == 2  # asked after each batch, and the second ended it
+
+
+def test_messages_need_a_chat_template():
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
+    item = Question(None, [{"role": "user", "content": "spell: dog"}], "d o g", "here item 1")
+    with pytest.raises(UserError, match="here item 1: field 'messages' is a conversation, and this model's tokenizer"):
+        evaluate_task(model, tokenizer, generation_task([item], 4), batch_size=1)
+
+
+def test_training_scores_a_generation_task_into_metrics(tmp_path, data_dir):
+    spec = str(TASKS / "line_end.jsonl")
+    cfg = tiny_config(tmp_path / "run", data_dir, model__block_size=64, eval__tasks=spec, eval__items=3)
+    Trainer(cfg).fit()
+    last = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "val_loss" in r][-1]
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path)
+    result = evaluate_task(model, tokenizer, load_task(spec, 3), batch_size=32, limit=3)
+    assert last["eval/line_end/acc"] == result.metrics["acc"] and last["eval/line_end/n"] == 3
+    assert last["eval/centred_mean"] == result.metrics["acc"]

@@ -1,4 +1,4 @@
-"""Scoring a model on evaluation tasks (trainer/tasks.py): multiple choice, cloze, perplexity.
+"""Scoring a model on evaluation tasks (trainer/tasks.py): multiple choice, cloze, generation, perplexity.
 
 A continuation's score is the sum of the log-probabilities of its tokens given the context, computed
 as lm-evaluation-harness does it, so that the figures compare with published ones:
@@ -14,6 +14,13 @@ as lm-evaluation-harness does it, so that the figures compare with published one
   <|endoftext|> where the tokenizer has one, so that the first is predicted too), the last window
   reading back to a full block as the harness's rolling windows do; `ppl` per token and `bpb`, bits
   per UTF-8 byte, which compares models with different tokenizers.
+
+Generation: each item's prompt (see `prompt_for`) is continued greedily, in batches left padded
+into one KV cache (model/generate.py), until the end-of-text token (or the chat template's end of
+turn), the task's stop strings, a newline for a plain prompt of a local task, or its max_new_tokens;
+a prompt longer than the block keeps its last block_size tokens, and a reply past the block slides
+the context as sample.py does. `acc` is the share of replies equal to the answer as the task's Judge
+compares them; chance is 0.
 
 Every score is a finite number or the evaluation ends: a log-likelihood that is not (NaN weights,
 a dtype's overflow) is a UserError naming the item or window. A perplexity past the largest float
@@ -38,10 +45,11 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from data.tokenizer import Tokenizer
+from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError
 from model import GPT
-from trainer.tasks import Item, Task, load_task
+from model.generate import generate, left_pad
+from trainer.tasks import Item, Question, Task, load_task
 
 LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
 StopCheck = Callable[[], bool] | None  # asked after every batch: True abandons the evaluation
@@ -80,6 +88,15 @@ class Group:
     context: list[int]
     continuations: list[list[int]]
     keys: list[tuple[int, int]]  # (item, continuation) of each continuation
+
+
+@dataclass
+class Prompt:
+    """What the model continues for a generation item, and how its reply may end."""
+
+    ids: list[int]
+    end_tokens: tuple[int, ...]  # a reply ends at the first of these (not part of it)
+    chat: bool  # rendered through the model's chat template
 
 
 @dataclass
@@ -125,6 +142,27 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> li
                     f"block_size={block_size} (shorten it)"
                 )
     return group_pairs(pairs, keys, block_size)
+
+
+def prompt_for(tokenizer: Tokenizer, item: Question) -> Prompt:
+    """The one place where a generation item becomes tokens. A plain prompt is encoded as it is (no
+    end-of-text token before it, as the scored tasks' contexts); a reply ends at the end-of-text token.
+
+    TODO: a tokenizer with a chat template renders every item through data/chat.py's render_prompt
+    (messages = item.messages, or [{"role": "user", "content": item.prompt}]), with chat=True and its
+    end-of-turn token(s) added to end_tokens; until then messages need a template that is not there.
+    """
+    end_tokens = () if tokenizer.eot_token is None else (tokenizer.eot_token,)
+    if item.messages is not None:
+        raise UserError(
+            f"{item.where}: field 'messages' is a conversation, and this model's tokenizer has no chat template to "
+            f'render it with (give {{"prompt": ..., "answer": ...}} items, or evaluate a model fine-tuned on '
+            f"conversations)"
+        )
+    try:
+        return Prompt(tokenizer.encode(item.prompt), end_tokens, chat=False)
+    except UserError as e:
+        raise UserError(f"{item.where}: {e}") from None
 
 
 def group_pairs(pairs: list[tuple[list[int], list[int]]], keys: list, block_size: int) -> list[Group]:
@@ -302,6 +340,71 @@ def evaluate_cloze(
 
 
 @torch.no_grad()
+def generate_replies(
+    model: GPT,
+    tokenizer: Tokenizer,
+    prompts: list[Prompt],
+    stops: Callable[[Prompt], tuple[str, ...]],
+    max_new_tokens: int,
+    batch_size: int,
+    bar: tqdm | None = None,
+    stop: StopCheck = None,
+) -> list[str]:
+    """Each prompt's greedy reply, up to its first end token or stop string (stops(prompt)), or
+    max_new_tokens. Batches of prompts of similar length, left padded: each row is generated exactly
+    as it would be alone (model/generate.py)."""
+    block_size = model.config.block_size
+    device = model.transformer.wte.weight.device
+    replies = [""] * len(prompts)
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i].ids))  # less padding
+    for first in range(0, len(order), batch_size):
+        rows = order[first : first + batch_size]
+        batch, pad = left_pad([prompts[i].ids[-block_size:] for i in rows], device)
+        decoders = [StreamDecoder(tokenizer, stops(prompts[i])) for i in rows]
+        texts = [[] for _ in rows]
+        ended = [False] * len(rows)
+        for tokens in generate(model, batch, max_new_tokens, temperature=0, vocab_size=tokenizer.vocab_size, pad=pad):
+            for row, (i, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
+                if ended[row]:
+                    continue
+                if token in prompts[i].end_tokens:
+                    ended[row] = True
+                    continue
+                texts[row].append(decoders[row].feed(token))
+                ended[row] = decoders[row].stopped
+            if all(ended):
+                break
+        for row, i in enumerate(rows):
+            replies[i] = "".join(texts[row]) + decoders[row].flush()
+        if bar is not None:
+            bar.update(len(rows))
+        _after_batch(stop)
+    return replies
+
+
+def evaluate_generation(
+    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None, stop: StopCheck = None
+) -> TaskResult:
+    """Each figure of the task's Judge: the share of replies that equal their reference, compared as
+    the Judge says."""
+    judge = task.judge
+    prompts = [prompt_for(tokenizer, item) for item in task.items]
+
+    def stops(prompt: Prompt) -> tuple[str, ...]:
+        return judge.stops + ("\n",) if judge.first_line and not prompt.chat else judge.stops
+
+    with tqdm(total=len(prompts), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
+        replies = generate_replies(model, tokenizer, prompts, stops, judge.max_new_tokens, batch_size, bar, stop)
+    references = [judge.reference(item.answer) for item in task.items]
+    right = {
+        figure: [int(compared(reply) == reference) for reply, reference in zip(replies, references, strict=True)]
+        for figure, compared in judge.figures.items()
+    }
+    metrics = {figure: float(np.mean(hits)) for figure, hits in right.items()} | {"n": len(task.items)}
+    return TaskResult(task.name, task.kind, metrics, right["acc"], right["acc"], chance=0.0)
+
+
+@torch.no_grad()
 def evaluate_text(
     model: GPT,
     tokenizer: Tokenizer,
@@ -355,7 +458,7 @@ def _byte_count(tokenizer: Tokenizer, ids: np.ndarray) -> int:
     return int(sum(len(tokenizer.token_bytes(int(t))) * int(c) for t, c in zip(tokens, counts, strict=True)))
 
 
-EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze}
+EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze, "generation": evaluate_generation}
 
 
 def evaluate_task(
@@ -380,10 +483,13 @@ def evaluate_task(
         model.train(was_training)
 
 
-def load_tasks(specs: list[str], limit: int | None, tokenizer: Tokenizer, block_size: int) -> list[Task]:
+def load_tasks(
+    specs: list[str], limit: int | None, tokenizer: Tokenizer, block_size: int, max_new_tokens: int | None = None
+) -> list[Task]:
     """The tasks named (see trainer/tasks.py), each item read, checked and encoded once before any is
-    scored: a bad one ends the run before the model's time is spent on the rest."""
-    tasks = [load_task(spec, limit) for spec in specs]
+    scored: a bad one ends the run before the model's time is spent on the rest. max_new_tokens, if
+    given, replaces each generation task's own."""
+    tasks = [load_task(spec, limit, max_new_tokens) for spec in specs]
     names = [task.name for task in tasks]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
@@ -401,6 +507,9 @@ def check_encodable(tokenizer: Tokenizer, tasks: list[Task], block_size: int) ->
                 tokenizer.encode_array(task.text)
             except UserError as e:
                 raise UserError(f"{task.source}: {e}") from None
+        elif task.kind == "generation":
+            for item in task.items:
+                prompt_for(tokenizer, item)
         else:
             encode_items(tokenizer, task.items, block_size)
 

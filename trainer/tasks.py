@@ -2,15 +2,17 @@
 
 A task is named on the command line in one of three ways:
 
-- a built-in name (`hellaswag`, `arc_easy`, `arc_challenge`, `piqa`, `lambada`): its split is read
+- a built-in name (`hellaswag`, `arc_easy`, `arc_challenge`, `piqa`, `lambada`, `gsm8k`): its split is read
   from the Hugging Face hub through `datasets`, and each record turned into an item exactly as
   lm-evaluation-harness's task definition does it (the functions below, one per task);
 - `NAME=FILE`: the same built-in task read from a local JSON-lines file holding the hub's records
   (for a machine without network, or a subset);
 - a local file: a `.jsonl` whose lines are `{"ctx": ..., "endings": [...], "label": i}` (multiple
-  choice: two or more endings, label the index of the right one) or `{"text": ...}` (cloze: the
-  last of its two or more words is predicted from the rest), or any other file, read as UTF-8 text
-  for perplexity and bits per byte. Its task name is the file's stem.
+  choice: two or more endings, label the index of the right one), `{"text": ...}` (cloze: the
+  last of its two or more words is predicted from the rest) or `{"prompt": ..., "answer": ...}` /
+  `{"messages": [...], "answer": ...}` (generation: the model's greedy reply is compared with the
+  answer), or any other file, read as UTF-8 text for perplexity and bits per byte. Its task name is
+  the file's stem.
 
 An entry that is an existing file is that file, whatever its name holds (`my=items.jsonl`); only
 another entry is split at its first `=` into NAME=FILE.
@@ -23,7 +25,7 @@ item, the field, the value and what the field takes.
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from errors import UserError
@@ -44,12 +46,36 @@ class Item:
 
 
 @dataclass
+class Question:
+    """A generation task's item: the model's greedy reply to prompt (or, through its chat template, to
+    messages, which end with the user's turn) is right when it equals answer, both as the task's
+    Judge compares them."""
+
+    prompt: str | None
+    messages: list[dict] | None
+    answer: str
+    where: str  # "FILE item N", for error messages
+
+
+@dataclass(frozen=True)
+class Judge:
+    """How a generation task's replies end and are scored."""
+
+    stops: tuple[str, ...]  # a reply ends before the first of these (and at the end-of-text token)
+    first_line: bool  # a plain prompt's reply ends at its first newline too (not one through a chat template)
+    max_new_tokens: int  # a reply ends after this many tokens at most
+    reference: Callable[[str], str]  # the answer as compared
+    figures: dict[str, Callable[[str], str]]  # figure -> the reply as compared with the reference ("acc" first)
+
+
+@dataclass
 class Task:
     name: str
-    kind: str  # "choice", "cloze" or "text"
+    kind: str  # "choice", "cloze", "generation" or "text"
     source: str  # the file or hub dataset it came from
-    items: list[Item]
+    items: list  # Item (choice, cloze) or Question (generation)
     text: str = ""  # kind "text": the whole file
+    judge: Judge | None = None  # kind "generation": how its replies are scored
 
 
 def multiple_choice(context: str, endings: list[str], label: int, where: str, label_field: str = "label") -> Item:
@@ -157,12 +183,48 @@ def _arc_choices_problem(value: object) -> str | None:
     return None
 
 
+ROLES = ("system", "user", "assistant")
+
+
+def _messages_problem(value: object) -> str | None:
+    """A conversation that the model's reply continues: messages of a known role and non-empty
+    content, the last one the user's."""
+    if not isinstance(value, list):
+        return f"={_shown(value)} is {_kind(value)}, not a list"
+    if not value:
+        return "=[] is an empty list"
+    for number, message in enumerate(value):
+        if not isinstance(message, dict):
+            return f": message {number}={_shown(message)} is {_kind(message)}, not an object"
+        if message.get("role") not in ROLES:
+            return f": message {number}'s 'role'={_shown(message.get('role'))} is none of {', '.join(ROLES)}"
+        problem = _text_problem(message.get("content"))
+        if problem is not None:
+            return f": message {number}'s 'content'{problem}"
+    if value[-1]["role"] != "user":
+        return f": the last message is the {value[-1]['role']}'s, not the user's (the reply to it is what is scored)"
+    return None
+
+
+def _gsm8k_answer_problem(value: object) -> str | None:
+    problem = _text_problem(value)
+    if problem is None and "#### " not in value:
+        return f"={_shown(value)} has no '#### ' before its final answer"
+    return problem
+
+
 TEXT = Shape("non-empty text", _text_problem)
 ANY_TEXT = Shape("text", _any_text_problem)
 ENDINGS = Shape("a list of 2 or more non-empty texts", _texts_problem)
 INDEX = Shape("a whole number: the index of the right ending, from 0", _index_problem)
 INDEX_OR_DIGITS = Shape("the index of the right ending, from 0, as a number or digits", _index_or_digits_problem)
 CLOZE_TEXT = Shape("text of two or more words: the last is predicted from the rest", _cloze_problem)
+MESSAGES = Shape(
+    'a list of {"role": ..., "content": ...} objects (roles system, user, assistant; non-empty content), the last '
+    "the user's",
+    _messages_problem,
+)
+GSM8K_ANSWER = Shape("the worked solution, ending in '#### ' and the final answer", _gsm8k_answer_problem)
 ARC_CHOICES = Shape(
     '{"text": [...], "label": [...]}: two lists of 2 or more non-empty texts, of one length', _arc_choices_problem
 )
@@ -216,6 +278,71 @@ def local_cloze_item(record: dict, where: str) -> Item:
     return cloze(record["text"], where)
 
 
+def gsm8k_item(record: dict, where: str) -> Question:
+    return Question(f"Question: {record['question']}\nAnswer:", None, record["answer"], where)
+
+
+QUESTION_FIELDS = {"prompt": {"prompt": TEXT, "answer": TEXT}, "messages": {"messages": MESSAGES, "answer": TEXT}}
+
+
+def local_question_item(record: dict, where: str) -> Question:
+    """A prompt or a conversation, never both: which one the model answers would be a guess."""
+    if "prompt" in record and "messages" in record:
+        raise UserError(
+            f"{where}: fields 'prompt' and 'messages' are both given (give one: the text to continue, or the "
+            f"conversation to answer)"
+        )
+    if "prompt" not in record and "messages" not in record:
+        raise UserError(f"{where}: field 'prompt' is missing (each item needs prompt or messages, and answer)")
+    _check_fields(record, QUESTION_FIELDS["messages" if "messages" in record else "prompt"], where)
+    return Question(record.get("prompt"), record.get("messages"), record["answer"], where)
+
+
+# Replies compared with answers. A local task compares them as texts whose spacing does not matter;
+# GSM8K as lm-evaluation-harness does (its gsm8k.yaml: the regex filters and exact_match's settings).
+
+
+def normalise(text: str) -> str:
+    """Leading and trailing whitespace dropped, every run of whitespace inside one space; case kept."""
+    return " ".join(text.split())
+
+
+def _harness_exact(text: str) -> str:
+    """gsm8k.yaml's exact_match: its regexes_to_ignore removed in order, then ignore_case."""
+    for pattern in (",", "\\$", "(?s).*#### ", "\\.$"):
+        text = re.sub(pattern, "", text)
+    return text.lower()
+
+
+def _harness_regex(pattern: str, group_select: int) -> Callable[[str], str]:
+    """The harness's regex filter followed by take_first: the group_select-th match (its first
+    non-empty group), stripped, or "[invalid]"."""
+
+    def extract(reply: str) -> str:
+        matches = re.findall(pattern, reply)
+        if not matches:
+            return "[invalid]"
+        match = matches[group_select]
+        if isinstance(match, tuple):
+            match = next((group for group in match if group), "[invalid]")
+        return _harness_exact(match.strip())
+
+    return extract
+
+
+LOCAL_JUDGE = Judge((), True, 64, normalise, {"acc": normalise})
+GSM8K_JUDGE = Judge(
+    ("Question:", "</s>", "<|im_end|>"),
+    False,
+    256,  # the harness's default max_gen_toks
+    _harness_exact,
+    {
+        "acc": _harness_regex("#### (\\-?[0-9\\.\\,]+)", 0),  # strict-match
+        "acc_flexible": _harness_regex("(-?[$0-9.,]{2,})|(-?[0-9]+)", -1),  # flexible-extract
+    },
+)
+
+
 @dataclass(frozen=True)
 class BuiltinTask:
     path: str  # the hub dataset
@@ -223,7 +350,8 @@ class BuiltinTask:
     split: str  # the split the harness evaluates
     kind: str
     fields: dict[str, Shape]  # what each record needs
-    item: Callable[[dict, str], Item]
+    item: Callable[[dict, str], Item | Question]
+    judge: Judge | None = None  # kind "generation"
 
 
 ARC_FIELDS = {"question": TEXT, "choices": ARC_CHOICES, "answerKey": TEXT}
@@ -247,8 +375,30 @@ BUILTIN_TASKS = {
         piqa_item,
     ),
     "lambada": BuiltinTask("EleutherAI/lambada_openai", "default", "test", "cloze", {"text": CLOZE_TEXT}, lambada_item),
+    # zero-shot: the harness's prompt without its five worked examples, which a small model's block cannot hold
+    "gsm8k": BuiltinTask(
+        "openai/gsm8k",
+        "main",
+        "test",
+        "generation",
+        {"question": TEXT, "answer": GSM8K_ANSWER},
+        gsm8k_item,
+        GSM8K_JUDGE,
+    ),
 }
-LOCAL_FIELDS = {"choice": {"ctx": TEXT, "endings": ENDINGS, "label": INDEX}, "cloze": {"text": CLOZE_TEXT}}
+# the local formats: the fields each record needs (generation: checked per record, as a prompt or messages)
+LOCAL_FORMATS = {
+    "choice": ({"ctx": TEXT, "endings": ENDINGS, "label": INDEX}, local_choice_item),
+    "cloze": ({"text": CLOZE_TEXT}, local_cloze_item),
+    "generation": ({}, local_question_item),
+}
+
+
+def local_kind(record: dict) -> str:
+    """The local format a file's first record is written in."""
+    if any(field in record for field in ("prompt", "messages", "answer")):
+        return "generation"
+    return "cloze" if "text" in record and "endings" not in record else "choice"
 
 
 def task_specs(entries: list[str]) -> list[str]:
@@ -257,9 +407,16 @@ def task_specs(entries: list[str]) -> list[str]:
     return [spec.strip() for entry in entries for spec in entry.split(",") if spec.strip()]
 
 
-def load_task(spec: str, limit: int | None = None) -> Task:
+def load_task(spec: str, limit: int | None = None, max_new_tokens: int | None = None) -> Task:
     """The task a --tasks entry names (see the module's docstring), its first `limit` items (text:
-    scoring windows) or all."""
+    scoring windows) or all; max_new_tokens, if given, replaces a generation task's own."""
+    task = _load_task(spec, limit)
+    if task.judge is not None and max_new_tokens is not None:
+        task.judge = replace(task.judge, max_new_tokens=max_new_tokens)
+    return task
+
+
+def _load_task(spec: str, limit: int | None) -> Task:
     name, _, path = spec.partition("=")
     if path and not Path(spec).is_file():
         if name not in BUILTIN_TASKS:
@@ -268,24 +425,27 @@ def load_task(spec: str, limit: int | None = None) -> Task:
                 f"{', '.join(BUILTIN_TASKS)} from a local file)"
             )
         builtin = BUILTIN_TASKS[name]
-        return _task(name, builtin.kind, path, _read_jsonl(Path(path)), builtin.fields, builtin.item, limit)
+        task = _task(name, builtin.kind, path, _read_jsonl(Path(path)), builtin.fields, builtin.item, limit)
+        return replace(task, judge=builtin.judge)
     if spec in BUILTIN_TASKS:
         builtin = BUILTIN_TASKS[spec]
         source = f"{builtin.path}" + (f" ({builtin.name})" if builtin.name else "")
         records = _read_hub(spec, builtin)
-        return _task(spec, builtin.kind, source, records, builtin.fields, builtin.item, limit)
+        task = _task(spec, builtin.kind, source, records, builtin.fields, builtin.item, limit)
+        return replace(task, judge=builtin.judge)
     path = Path(spec)
     if not path.is_file():
         raise UserError(
             f"--tasks {spec!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) nor a file "
-            f"(give a .jsonl of multiple-choice or cloze items, or a text file)"
+            f"(give a .jsonl of multiple-choice, cloze or generation items, or a text file)"
         )
     if path.suffix != ".jsonl":
         return Task(path.stem, "text", spec, [], _read_text(path))
     records = _read_jsonl(path)
-    kind = "cloze" if "text" in records[0] and "endings" not in records[0] else "choice"
-    item = local_cloze_item if kind == "cloze" else local_choice_item
-    return _task(path.stem, kind, spec, records, LOCAL_FIELDS[kind], item, limit)
+    kind = local_kind(records[0])
+    fields, item = LOCAL_FORMATS[kind]
+    task = _task(path.stem, kind, spec, records, fields, item, limit)
+    return replace(task, judge=LOCAL_JUDGE) if kind == "generation" else task
 
 
 def _task(
@@ -294,7 +454,7 @@ def _task(
     source: str,
     records: list[dict],
     fields: dict[str, Shape],
-    make_item: Callable[[dict, str], Item],
+    make_item: Callable[[dict, str], Item | Question],
     limit: int | None,
 ) -> Task:
     items = []

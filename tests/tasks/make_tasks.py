@@ -1,7 +1,9 @@
 """Write the small evaluation task files the tests read, from the bundled Shakespeare, in every
-format trainer/tasks.py reads: the local multiple-choice and cloze formats, a text file, and the
-hub's record formats of the built-in tasks. Each question asks which line follows a line of the
-play; the wrong endings are other lines. Deterministic: running it again writes the same files.
+format trainer/tasks.py reads: the local multiple-choice, cloze and generation formats, a text file,
+and the hub's record formats of the built-in tasks. Each multiple-choice question asks which line
+follows a line of the play; the wrong endings are other lines. A generation item asks for the rest
+of a line; GSM8K's records sum a character's ducats. Deterministic: running it again writes the
+same files.
 
     python tests/tasks/make_tasks.py
 """
@@ -75,6 +77,23 @@ def main() -> None:
     write_jsonl("lambada.jsonl", [{"text": pool[rng.randrange(len(pool))]} for _ in range(N_ITEMS)])
     start = rng.randrange(len(pool) - 40)
     (HERE / "passage.txt").write_text("\n".join(pool[start : start + 40]) + "\n", encoding="utf-8")
+    rng = random.Random(1)  # the generation tasks' own: the files above stay as they were
+    halves = [line.split(" ") for line in rng.sample(pool, N_ITEMS)]
+    write_jsonl(
+        "line_end.jsonl",
+        [{"prompt": " ".join(w[: len(w) // 2]), "answer": " ".join(w[len(w) // 2 :])} for w in halves],
+    )
+    gsm8k = []
+    for name in rng.sample(["ROMEO", "JULIET", "MENENIUS", "VOLUMNIA", "GLOUCESTER", "PETRUCHIO"] * 4, N_ITEMS):
+        have, given = rng.randrange(2, 60), rng.randrange(2, 1200)
+        gsm8k.append(
+            {
+                "question": f"{name} has {have} ducats and is given {given:,} more. How many ducats has {name} now?",
+                "answer": f"{name} has {have} + {given} = <<{have}+{given}={have + given}>>{have + given} ducats.\n"
+                f"#### {have + given}",
+            }
+        )
+    write_jsonl("gsm8k.jsonl", gsm8k)
 
 
 if __name__ == "__main__":
