@@ -118,6 +118,7 @@ class Trainer:
         self.batches = self._train_windows(train.seed + self.world.rank)
         self.objective = Objective(cfg.model, train.seed + self.world.rank)  # prefix lengths, targets
         self.step = 0
+        self.trained_tokens = torch.zeros((), dtype=torch.long)  # targets with a loss in the last step, all processes
         self.wandb_run_id = None
         self.stop: StopSignals | None = None  # while fit runs: its stop requests
         self.slowdown = SlowdownWatch()
@@ -230,8 +231,9 @@ class Trainer:
 
     def train_step(self, lr: float) -> torch.Tensor | None:
         """One optimizer step over this process's share of the gradient_accumulation_steps
-        micro-batches; returns its mean loss (a tensor on the device: reading it forces a sync, so
-        only logging does), or None if a stop request came between two micro-batches: the step is
+        micro-batches; returns its loss (a tensor on the device: reading it forces a sync, so only
+        logging does; the mean over the processes is the mean over every trained target of the step,
+        kept in self.trained_tokens), or None if a stop request came between two micro-batches: the step is
         then dropped whole, leaving the state of the last finished step for the checkpoint."""
         train = self.cfg.train
         self.optimizer.set_lr(lr)
@@ -239,26 +241,32 @@ class Trainer:
         # where the step starts, to drop it whole if a stop comes between its micro-batches (in fit)
         stop = self.stop if micro_batches > 1 else None
         start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
+        # the step's batches are drawn first: the loss is the mean over every trained target of the step, in
+        # every micro-batch and process, so each micro-batch's mean is weighted by its share of their number
+        batches = [self.objective(*self.batches.next_batch()) for _ in range(micro_batches)]
+        counts = [(y != -1).sum() for _, y, _ in batches]
+        trained_tokens = self.world.sum(torch.stack(counts).sum())  # over all processes: one all-reduce
+        # processes average their gradients (divide by their number): each share is scaled up by it
+        shares = [count * self.world.size / trained_tokens.clamp(min=1) for count in counts]
         total_loss = torch.zeros((), device=self.device)
-        for micro_batch in range(micro_batches):
+        for micro_batch, ((x, y, prefix), share) in enumerate(zip(batches, shares, strict=True)):
             if micro_batch > 0 and stop is not None and stop.requested(self.step, micro_batch) is not None:
                 self._drop_step(start)
                 return None
-            x, y, prefix = self.objective(*self.batches.next_batch())
             # processes average their gradients once per step, in the last micro-batch's backward
             with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
                 with autocast(self.device, self.dtype):
                     _, loss = self.forward(x, y, prefix=prefix)
-                # dividing by the micro-batch count makes the summed gradients those of the mean loss
-                self.scaler.scale(loss / micro_batches).backward()
-            total_loss += loss.detach()
+                self.scaler.scale(loss * share).backward()
+            total_loss += loss.detach() * share
         if train.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / micro_batches
+        self.trained_tokens = trained_tokens
+        return total_loss  # its mean over the processes is the step's loss
 
     def _drop_step(self, start: dict) -> None:
         """Undo the micro-batches of an unfinished step: its gradients, and the batches and random
@@ -268,7 +276,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float] | None:
-        """Mean loss over eval_iters batches of each split (in every process, averaged). The batches
+        """Mean loss over the targets of eval_iters batches of each split, in every process (a chat
+        dataset's trained tokens only). The batches
         are the same at every evaluation (their own fixed seed), so successive values compare like for like.
         With stop, a stop request ends the evaluation after the batch it is agreed on: None."""
         train = self.cfg.train
@@ -287,16 +296,19 @@ class Trainer:
                     self.device,
                 )
                 objective = Objective(self.cfg.model, train.seed + self.world.size + self.world.rank)
-                total = torch.zeros((), device=self.device)
+                total = torch.zeros((), device=self.device)  # of the targets' losses
+                counted = torch.zeros((), device=self.device)  # targets with a loss (chat: trained tokens)
                 for _ in range(train.eval_iters):
                     x, y, prefix = objective(*windows.next_batch())
                     with autocast(self.device, self.dtype):
                         _, loss = self.forward(x, y, prefix=prefix)
-                    total += loss.float()
+                    count = (y != -1).sum()
+                    total += loss.float() * count
+                    counted += count
                     batches += 1
                     if agreement is not None and agreement.requested(batches) is not None:
                         return None
-                losses[split] = self.world.mean(total / train.eval_iters).item()
+                losses[split] = (self.world.sum(total) / self.world.sum(counted).clamp(min=1)).item()
             return losses
         finally:
             self.model.train()
@@ -360,8 +372,14 @@ class Trainer:
         if not math.isfinite(loss_value):
             self._diverged(f"the train loss is {loss_value}")
         record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
+        trained = {}
+        if self.dataset.chat:  # of the step's tokens, those with a loss (the replies, by default)
+            record["trained_tokens"] = int(self.trained_tokens.item())
+            trained = {"trained": f"{record['trained_tokens']:,}"}
         self._record(record)
-        progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
+        progress.set_postfix(
+            loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", **trained, refresh=False
+        )
         best = self.slowdown.update(record["tokens_per_sec"])
         if best is not None and self.device.type == "cpu" and self.world.is_main:
             progress.write(
