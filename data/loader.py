@@ -46,7 +46,8 @@ class TokenDataset:
                 if path.stat().st_size != expected:
                     raise UserError(
                         f"{path} holds {path.stat().st_size} bytes but meta.json promises "
-                        f"{self.meta[f'{split}_tokens']} tokens ({expected} bytes); prepare the dataset again"
+                        f"{self.meta[f'{split}_tokens']} {np.dtype(dtype).name} tokens ({expected} bytes); "
+                        f"prepare the dataset again"
                     )
             self._check_ids(split)
 

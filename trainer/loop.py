@@ -18,7 +18,14 @@ from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from model.families import non_finite
-from trainer.checkpoint import FORMAT_VERSION, check_weights, restore_rng_state, rng_state, save_checkpoint
+from trainer.checkpoint import (
+    FORMAT_VERSION,
+    check_weights,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
 from trainer.config import (
     INIT_FROM,
     Config,
@@ -40,7 +47,14 @@ from trainer.evaluate import (
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
-from trainer.pretrained import crop_positions, is_hub_id, load_pretrained, with_pretrained_shape
+from trainer.pretrained import (
+    crop_positions,
+    from_run_checkpoint,
+    is_hub_id,
+    load_pretrained,
+    run_checkpoint,
+    with_pretrained_shape,
+)
 from trainer.run_dir import RunDir
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.stop import StopSignals
@@ -83,7 +97,10 @@ class Trainer:
         checkpoint = self.run_dir.open(cfg)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         pretrained = None
-        if train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
+        if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
+            source = load_checkpoint(run_checkpoint(train.init_from))
+            cfg, pretrained = from_run_checkpoint(cfg, source, self.dataset.meta)
+        elif train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
             folder = load_pretrained(train.init_from, key="train.init_from")
             cfg = with_pretrained_shape(cfg, folder, self.dataset.meta)
             pretrained = folder.state
@@ -489,13 +506,14 @@ class Trainer:
 
 def _check_init_from(init_from: str) -> None:
     """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one."""
-    if init_from in INIT_FROM or Path(init_from).is_dir() or is_hub_id(init_from):
+    if init_from in INIT_FROM or Path(init_from).is_dir() or Path(init_from).is_file() or is_hub_id(init_from):
         return
     close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UserError(
         f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
-        f"new run, resume to continue the run in train.out_dir, or a Hugging Face model folder or hub id{hint})"
+        f"new run, resume to continue the run in train.out_dir, a run directory or ckpt.pt to fine-tune, or a "
+        f"Hugging Face model folder or hub id{hint})"
     )
 
 

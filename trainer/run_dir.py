@@ -132,6 +132,7 @@ class RunDir:
         """The model, the optimizer, the tokenizer and the [eval] tasks must be those of the run being
         resumed."""
         run_dir = self.path
+        check_same_kind_of_data(checkpoint["dataset"], dataset_meta, cfg.data.dataset, run_dir)
         changes = unresumable_changes(config_to_dict(cfg), checkpoint["config"], run_dir)
         if changes:
             raise UserError(
@@ -185,6 +186,22 @@ class RunDir:
             at_interval = step % self.train.eval_interval == 0
             pending = at_interval and not any(r["step"] == step for r in evaluated)
         return self.world.gather(pending)[0]
+
+
+def check_same_kind_of_data(saved: dict, meta: dict, dataset: str, run_dir: Path) -> None:
+    """A run trained on plain text resumes on plain text, one trained on conversations on conversations
+    (a chat dataset: meta.json's "chat", its template and special tokens): the other kind is refused."""
+    if ("chat" in saved) == ("chat" in meta):
+        return
+    if "chat" in meta:
+        raise UserError(
+            f"data.dataset={dataset!r} holds conversations, but the run in {run_dir} was trained on plain text and "
+            f"cannot resume on them: fine-tune it in a new run with --train.init_from={run_dir} (docs/chat.md)"
+        )
+    raise UserError(
+        f"data.dataset={dataset!r} is plain text, but the run in {run_dir} was trained on conversations with a chat "
+        f"template: resume it on its own chat dataset, or fine-tune it in a new run with --train.init_from={run_dir}"
+    )
 
 
 # model keys a run fills in from its dataset when left at these values: the request does not differ
