@@ -55,7 +55,7 @@ from trainer.pretrained import (
     run_checkpoint,
     with_pretrained_shape,
 )
-from trainer.run_dir import RunDir
+from trainer.run_dir import RunDir, check_same_kind_of_data
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.stop import StopSignals
 
@@ -96,6 +96,8 @@ class Trainer:
         train = cfg.train
         checkpoint = self.run_dir.open(cfg)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
+        if checkpoint is not None:  # before the vocabulary sizes, which differ too: the kind of data says why
+            check_same_kind_of_data(checkpoint["dataset"], self.dataset.meta, cfg.data.dataset, self.run_dir.path)
         pretrained = None
         if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
             source = load_checkpoint(run_checkpoint(train.init_from))

@@ -132,7 +132,6 @@ class RunDir:
         """The model, the optimizer, the tokenizer and the [eval] tasks must be those of the run being
         resumed."""
         run_dir = self.path
-        check_same_kind_of_data(checkpoint["dataset"], dataset_meta, cfg.data.dataset, run_dir)
         changes = unresumable_changes(config_to_dict(cfg), checkpoint["config"], run_dir)
         if changes:
             raise UserError(
