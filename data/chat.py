@@ -103,7 +103,9 @@ def read_conversations(
 
 def _read_local(path: Path) -> Iterator[Conversation]:
     if path.suffix not in (".jsonl", ".json"):
-        raise UserError(f"--dataset={str(path)!r}: conversations are read from .jsonl or .json files, not {path.suffix!r}")
+        raise UserError(
+            f"--dataset={str(path)!r}: conversations are read from .jsonl or .json files, not {path.suffix!r}"
+        )
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
@@ -136,14 +138,14 @@ def check_conversation(record: object, where: str, need_reply: bool = True) -> l
     message and the field: a record needs a non-empty list under "messages" (or ShareGPT's
     "conversations"), each message a known role and non-empty text, and (need_reply) an assistant turn."""
     if not isinstance(record, dict):
-        raise UserError(f"{where}: a conversation is an object with a \"messages\" list, not {record!r:.60}")
+        raise UserError(f'{where}: a conversation is an object with a "messages" list, not {record!r:.60}')
     if "messages" in record:
         field, role_key, content_key, roles = "messages", "role", "content", {role: role for role in ROLES}
     elif "conversations" in record:
         field, role_key, content_key, roles = "conversations", "from", "value", SHAREGPT_ROLES
     else:
         fields = ", ".join(map(repr, record)) or "none"
-        raise UserError(f"{where}: no \"messages\" field (nor ShareGPT's \"conversations\"); its fields: {fields}")
+        raise UserError(f'{where}: no "messages" field (nor ShareGPT\'s "conversations"); its fields: {fields}')
     raw = record[field]
     if not isinstance(raw, list) or not raw:
         raise UserError(f"{where}: {field} must be a non-empty list of messages, not {raw!r:.60}")
@@ -305,7 +307,9 @@ def render_conversation(
     rendered = render_ids(template, tokenizer, messages, False, where)
     if train_on == "all":
         return rendered.ids, [True] * len(rendered.ids)
-    spans = [reply_span(template, messages, i, rendered, where) for i, m in enumerate(messages) if m["role"] == "assistant"]
+    spans = [
+        reply_span(template, messages, i, rendered, where) for i, m in enumerate(messages) if m["role"] == "assistant"
+    ]
     if train_on == "last":
         spans = spans[-1:]
     starts = np.array(rendered.starts, dtype=np.int64)
@@ -395,7 +399,9 @@ def content_spans(
     strips them) back where the marks are gives text again. None if not (then a content's special-token
     strings are read as the tokens, as transformers reads them)."""
     marked = [{**message, "content": CONTENT_MARK.format(i)} for i, message in enumerate(messages)]
-    skeleton = re.split("(" + CONTENT_MARK.format(r"(\d+)") + ")", template.render(marked, add_generation_prompt, where))
+    skeleton = re.split(
+        "(" + CONTENT_MARK.format(r"(\d+)") + ")", template.render(marked, add_generation_prompt, where)
+    )
     for transform in (str, str.strip):
         rebuilt, spans = [], [None] * len(messages)
         length = 0

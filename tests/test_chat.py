@@ -145,7 +145,9 @@ def family(request, tmp_path_factory):
         vocab_size=600, special_tokens=spec["specials"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     model.train_from_iterator([TRAINING_TEXT], trainer=trainer)
-    theirs = transformers.PreTrainedTokenizerFast(tokenizer_object=model, chat_template=spec["template"], **spec["names"])
+    theirs = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=model, chat_template=spec["template"], **spec["names"]
+    )
     folder = tmp_path_factory.mktemp(request.param)
     theirs.save_pretrained(folder)
     return theirs, folder_chat_tokenizer(folder), spec
@@ -233,7 +235,10 @@ def test_builtin_template_renders_chatml_and_equals_transformers_on_export(own_t
     tokenizer = own_tokenizers[kind]
     messages = CONVERSATIONS[0]
     ids, trained = render_conversation(messages, tokenizer)
-    assert tokenizer.decode(ids) == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n2 + 3 = 5.<|im_end|>\n"
+    assert (
+        tokenizer.decode(ids)
+        == "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n2 + 3 = 5.<|im_end|>\n"
+    )
     assert tokenizer.decode([t for t, keep in zip(ids, trained, strict=True) if keep]) == "2 + 3 = 5.<|im_end|>"
     theirs = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tokenizers.Tokenizer.from_str(tokenizer.to_json()), chat_template=BUILTIN_TEMPLATE
@@ -256,8 +261,16 @@ def test_chat_tokenizer_round_trips_through_dataset_metadata(own_tokenizers):
 
 def test_sharegpt_records_read_as_messages(tmp_path):
     path = tmp_path / "chats.jsonl"
-    record = {"conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
-    path.write_text(json.dumps(CONVERSATIONS[0] and {"messages": CONVERSATIONS[0]}) + "\n\n" + json.dumps(record) + "\n")
+    record = {
+        "conversations": [
+            {"from": "system", "value": "s"},
+            {"from": "human", "value": "q"},
+            {"from": "gpt", "value": "a"},
+        ]
+    }
+    path.write_text(
+        json.dumps(CONVERSATIONS[0] and {"messages": CONVERSATIONS[0]}) + "\n\n" + json.dumps(record) + "\n"
+    )
     conversations = list(read_conversations(str(path)))
     assert [c.where for c in conversations] == [f"{path} line 1", f"{path} line 3"]
     assert conversations[1].messages == [
@@ -273,7 +286,10 @@ def test_sharegpt_records_read_as_messages(tmp_path):
         ({"messages": [{"role": "robot", "content": "x"}]}, r"messages\[1\]: role='robot' is not one of system, user"),
         ({"messages": [{"role": "user", "content": " "}]}, r"messages\[1\]: content=' ' is not text"),
         ({"messages": [{"role": "user", "content": "q"}]}, "no assistant message"),
-        ({"conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]}, r"conversations\[2\]: from='bot'"),
+        (
+            {"conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]},
+            r"conversations\[2\]: from='bot'",
+        ),
     ],
 )
 def test_bad_conversations_are_refused_naming_item_and_field(record, match):
@@ -284,5 +300,7 @@ def test_bad_conversations_are_refused_naming_item_and_field(record, match):
 def test_a_template_that_raises_is_refused_naming_the_conversation(own_tokenizers):
     tokenizer = chat_tokenizer(CharTokenizer.from_text(TRAINING_TEXT))
     tokenizer.with_chat_template("{{ raise_exception('roles must alternate') }}", {})
-    with pytest.raises(UserError, match="chats.jsonl line 2: the chat template cannot render it .*roles must alternate"):
+    with pytest.raises(
+        UserError, match="chats.jsonl line 2: the chat template cannot render it .*roles must alternate"
+    ):
         render_conversation(CONVERSATIONS[0], tokenizer, where="chats.jsonl line 2")

@@ -8,15 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data.chat import IM_END, IM_START
+from data.chat import IM_END, IM_START, read_conversations
 from data.loader import TokenDataset
 from data.prepare import prepare_chat
-from data.chat import read_conversations
 from errors import UserError
+from tests.conftest import FixedBatches, capture_gradients, tiny_config
 from trainer.loop import Trainer
 from trainer.metrics import METRICS_NAME
 from trainer.metrics import read_metrics as read_log
-from tests.conftest import FixedBatches, capture_gradients, tiny_config
 
 WORDS = ["cat", "dog", "horse", "lamb", "crow", "deer", "mouse", "goat", "swan", "bee"]
 

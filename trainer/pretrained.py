@@ -245,8 +245,9 @@ def from_run_checkpoint(cfg: Config, checkpoint: dict, dataset_meta: dict) -> tu
         theirs.token_bytes(i) == ours.token_bytes(i) for i in range(shared)
     ):
         chat = "conversations" if "chat" in dataset_meta else "plain text"
+        vocabulary = f"{dataset_meta['tokenizer']} vocabulary of {ours.vocab_size:,}"
         raise UserError(
-            f"data.dataset={cfg.data.dataset!r} ({chat}, {dataset_meta['tokenizer']} vocabulary of {ours.vocab_size:,}) "
+            f"data.dataset={cfg.data.dataset!r} ({chat}, {vocabulary}) "
             f"does not extend the vocabulary the model in train.init_from={source!r} was trained with "
             f"({theirs.vocab_size:,} tokens{', with a chat template' if 'chat' in checkpoint['dataset'] else ''}): "
             f"prepare the data with --tokenizer {source} (docs/chat.md)"
