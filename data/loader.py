@@ -2,6 +2,12 @@
 
 Batches are random windows: x = tokens[i : i + T] and y = tokens[i + 1 : i + T + 1], so position t
 of y is the token that follows position t of x.
+
+A chat dataset (meta.json has "chat", data/prepare.py --chat) also has {split}.mask.bin, a byte per
+token: bit 0 says the token is trained, bit 1 that a conversation starts there. Its windows start
+where a conversation starts, so that every trained token is read after the whole of its conversation
+before it (a conversation that the window's end cuts only loses its tail there), and the targets of
+untrained tokens are -1: no loss.
 """
 
 import json
@@ -18,6 +24,7 @@ SPLITS = ("train", "val")
 TOKEN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 COUNT_KEYS = ("train_tokens", "val_tokens", "train_bytes", "val_bytes")
 META_KEYS = ("tokenizer", "vocab_size", "dtype", *COUNT_KEYS)
+TRAINED, CONVERSATION_START = 1, 2  # the bits of a chat dataset's mask byte for each token
 SCAN_TOKENS = 1 << 26  # token ids checked at a time (128 MB of uint16): memory stays flat
 
 
@@ -28,17 +35,20 @@ class TokenDataset:
         self.directory = Path(directory)
         self.meta = read_meta(self.directory)
         self.dtype = TOKEN_DTYPES[self.meta["dtype"]]
+        self.chat = "chat" in self.meta  # conversations, with a mask file per split
+        self._starts = {}  # split -> where its conversations start (np.ndarray), read once
         for split in SPLITS:
-            path = self.path(split)
-            if not path.is_file():
-                raise UserError(f"{path} is missing (prepare the dataset again: python data/prepare.py)")
-            expected = self.meta[f"{split}_tokens"] * np.dtype(self.dtype).itemsize
-            if path.stat().st_size != expected:
-                raise UserError(
-                    f"{path} holds {path.stat().st_size} bytes but meta.json promises "
-                    f"{self.meta[f'{split}_tokens']} {self.meta['dtype']} tokens ({expected} bytes); "
-                    f"prepare the dataset again"
-                )
+            files = [(self.path(split), self.dtype)] + ([(self.mask_path(split), np.uint8)] if self.chat else [])
+            for path, dtype in files:
+                if not path.is_file():
+                    raise UserError(f"{path} is missing (prepare the dataset again: python data/prepare.py)")
+                expected = self.meta[f"{split}_tokens"] * np.dtype(dtype).itemsize
+                if path.stat().st_size != expected:
+                    raise UserError(
+                        f"{path} holds {path.stat().st_size} bytes but meta.json promises "
+                        f"{self.meta[f'{split}_tokens']} {np.dtype(dtype).name} tokens ({expected} bytes); "
+                        f"prepare the dataset again"
+                    )
             self._check_ids(split)
 
     def _check_ids(self, split: str) -> None:
@@ -71,6 +81,23 @@ class TokenDataset:
     def path(self, split: str) -> Path:
         return self.directory / f"{split}.bin"
 
+    def mask_path(self, split: str) -> Path:
+        return self.directory / f"{split}.mask.bin"
+
+    def mask(self, split: str) -> np.memmap:
+        """A chat dataset's mask bytes (bit 0: trained; bit 1: a conversation starts)."""
+        return np.memmap(self.mask_path(split), dtype=np.uint8, mode="r")
+
+    def window_starts(self, split: str, block_size: int) -> np.ndarray | None:
+        """Where windows of block_size + 1 tokens may start: anywhere (None) for text, at the start of
+        a conversation for a chat dataset."""
+        if not self.chat:
+            return None
+        if split not in self._starts:
+            self._starts[split] = np.flatnonzero(self.mask(split) & CONVERSATION_START)
+        starts = self._starts[split]
+        return starts[starts <= self.meta[f"{split}_tokens"] - block_size - 1]
+
     def tokens(self, split: str) -> np.memmap:
         # A fresh read-only memory map per call: pages read through a long-lived map stay counted
         # against the process, so RAM would creep up over a long run.
@@ -83,6 +110,21 @@ class TokenDataset:
                 raise UserError(
                     f"the {split} split of {self.directory} has {n_tokens} tokens, fewer than "
                     f"model.block_size + 1 = {block_size + 1} (use a smaller block_size or more data)"
+                )
+        if not self.chat:
+            return
+        longest = self.meta["chat"]["longest"]
+        if longest > block_size:
+            raise UserError(
+                f"{self.directory} holds a conversation of {longest:,} tokens, longer than model.block_size="
+                f"{block_size:,}: it would be cut (prepare it again with --block-size {block_size} and --too-long "
+                f"truncate, or train with a larger block_size)"
+            )
+        for split in SPLITS:
+            if not len(self.window_starts(split, block_size)):
+                raise UserError(
+                    f"no conversation of the {split} split of {self.directory} starts {block_size + 1:,} tokens "
+                    f"before its end (use more conversations or a smaller block_size)"
                 )
 
 
@@ -131,11 +173,12 @@ def check_meta(meta: object, source: str, fix: str) -> dict:
             raise UserError(f"{source}: {key}={meta[key]!r} is not a whole number of 0 or more; {fix}")
     if not _is_count(meta["vocab_size"]) or meta["vocab_size"] == 0:
         raise UserError(f"{source}: vocab_size={meta['vocab_size']!r} is not a positive whole number; {fix}")
+    added = check_chat_meta(meta, source, fix)
     if meta["tokenizer"] == "char":
         chars = meta.get("chars")
-        if not isinstance(chars, str) or len(chars) != meta["vocab_size"]:
+        if not isinstance(chars, str) or len(chars) + added != meta["vocab_size"]:
             raise UserError(
-                f"{source}: chars must be the {meta['vocab_size']} characters of the char tokenizer's "
+                f"{source}: chars must be the {meta['vocab_size'] - added} characters of the char tokenizer's "
                 f"vocabulary, not {chars!r:.40}; {fix}"
             )
     elif meta["tokenizer"] == "json":
@@ -148,6 +191,25 @@ def check_meta(meta: object, source: str, fix: str) -> dict:
     elif meta["tokenizer"] != "gpt2":
         raise UserError(f"{source}: tokenizer={meta['tokenizer']!r} is not 'char', 'gpt2' or 'json'; {fix}")
     return meta
+
+
+def check_chat_meta(meta: dict, source: str, fix: str) -> int:
+    """A chat dataset's "chat" entry, checked: the template (text), the special tokens added (a list of
+    strings) and the longest conversation (a count). Returns how many tokens were added."""
+    if "chat" not in meta:
+        return 0
+    chat = meta["chat"]
+    valid = (
+        isinstance(chat, dict)
+        and isinstance(chat.get("template"), str)
+        and isinstance(chat.get("variables", {}), dict)
+        and isinstance(chat.get("added_specials"), list)
+        and all(isinstance(token, str) for token in chat["added_specials"])
+        and _is_count(chat.get("longest"))
+    )
+    if not valid:
+        raise UserError(f"{source}: chat={chat!r:.60} lacks a template, added_specials or longest; {fix}")
+    return len(chat["added_specials"])
 
 
 def _is_count(value: object) -> bool:
@@ -175,13 +237,22 @@ class RandomWindows:
         self.generator = torch.Generator().manual_seed(seed)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each (batch_size, block_size) int64 on the device."""
+        """(x, y), each (batch_size, block_size) int64 on the device; y is -1 where no loss is taken
+        (a chat dataset's untrained tokens)."""
         tokens = self.dataset.tokens(self.split)
         T = self.block_size
-        starts = torch.randint(len(tokens) - T, (self.batch_size,), generator=self.generator)
-        windows = np.stack([tokens[i : i + T + 1] for i in starts.tolist()])  # (B, T + 1)
+        allowed = self.dataset.window_starts(self.split, T)  # None: anywhere
+        if allowed is None:
+            starts = torch.randint(len(tokens) - T, (self.batch_size,), generator=self.generator).tolist()
+        else:
+            starts = allowed[torch.randint(len(allowed), (self.batch_size,), generator=self.generator).numpy()].tolist()
+        windows = np.stack([tokens[i : i + T + 1] for i in starts])  # (B, T + 1)
         windows = torch.from_numpy(windows.astype(np.int64))
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        if allowed is not None:
+            mask = self.dataset.mask(self.split)
+            trained = np.stack([mask[i + 1 : i + T + 1] & TRAINED for i in starts]).astype(bool)  # (B, T): y's
+            y = y.masked_fill(torch.from_numpy(~trained), -1)
         if self.device.type == "cuda":
             # pinned host memory lets the copy run asynchronously with the GPU's work
             return (

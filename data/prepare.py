@@ -8,6 +8,16 @@
     python data/prepare.py --dataset corpus/ --tokenizer gpt2 --out data/corpus --num-proc 2
     python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
         --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
+    python data/prepare.py --dataset chats.jsonl --chat --tokenizer out/shakespeare_char --block-size 64
+
+--chat reads conversations instead (docs/chat.md): JSON lines of {"messages": [{"role", "content"}]}
+or ShareGPT's {"conversations": [{"from", "value"}]}, a local .jsonl/.json file or a hub dataset. Each
+conversation is rendered through a chat template into one document, and OUT/train.mask.bin and
+OUT/val.mask.bin say, one byte per token, which tokens are trained (bit 0: --train-on) and where each
+conversation starts (bit 1). --tokenizer: a Hugging Face model folder (its own template), or char,
+gpt2, a tokenizer.json, a prepared dataset folder or a run directory (their tokenizer, with the
+built-in template and its special tokens added after its ids). A conversation longer than
+--block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed).
 
 --dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files
 (and of no other: a file it would not read is named and refused; hidden ones are skipped),
@@ -55,7 +65,20 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from data.chat import (  # noqa: E402
+    BUILTIN_SPECIALS,
+    BUILTIN_TEMPLATE,
+    BUILTIN_VARIABLES,
+    TRAIN_ON,
+    ChatTemplate,
+    Conversation,
+    chat_tokenizer,
+    folder_chat_tokenizer,
+    read_conversations,
+    render_conversation,
+)
 from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
+from data.loader import CONVERSATION_START, TRAINED, read_meta  # noqa: E402
 from data.sources import Corpus, open_corpus, open_text_file  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     BPE_SPECIAL_TOKENS,
@@ -67,6 +90,8 @@ from data.tokenizer import (  # noqa: E402
     Tokenizer,
     UnencodableText,
     check_bpe_vocab_size,
+    split_specials,
+    tokenizer_from_meta,
     train_bpe,
 )
 from errors import UserError, run_cli  # noqa: E402
@@ -359,6 +384,157 @@ def write_splits(
     }
 
 
+TOO_LONG = ("refuse", "truncate")
+
+
+def prepare_chat(
+    conversations: Iterable[Conversation],
+    tokenizer_spec: str,
+    out: Path,
+    *,
+    source: str,
+    train_on: str = "assistant",
+    too_long: str = "refuse",
+    val_fraction: float = VAL_FRACTION,
+    seed: int = SEED,
+    block_size: int = BLOCK_SIZE,
+) -> dict:
+    """Render conversations through a chat template into out/{train,val}.bin, their masks
+    out/{train,val}.mask.bin (a byte per token: TRAINED, CONVERSATION_START) and out/meta.json, whose
+    "chat" entry records the template, the special tokens added and the longest conversation. Each
+    conversation goes to val by in_val and is followed by the tokenizer's end-of-text token, if any
+    (unmasked, untrained: it separates conversations for model.attn_documents). Everything is
+    rendered and checked before anything is written."""
+    out = Path(out)
+    refuse_prepared(out)
+    conversations = list(conversations)
+    tokenizer = build_chat_tokenizer(tokenizer_spec, conversations)
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    separator = [] if tokenizer.eot_token is None else [tokenizer.eot_token]
+    ids, masks, text_bytes, documents = ([], []), ([], []), [0, 0], [0, 0]
+    truncated, longest = 0, 0
+    for index, conversation in enumerate(conversations):
+        tokens, trained = render_conversation(conversation.messages, tokenizer, train_on, where=conversation.where)
+        if len(tokens) > block_size:
+            if too_long == "refuse":
+                raise UserError(
+                    f"{conversation.where}: the conversation is {len(tokens):,} tokens, longer than --block-size="
+                    f"{block_size:,} (shorten it, pass the model's larger block_size, or --too-long truncate)"
+                )
+            tokens, trained, truncated = tokens[:block_size], trained[:block_size], truncated + 1
+        longest = max(longest, len(tokens))
+        split = VAL if in_val(index, seed, val_fraction) else TRAIN
+        flags = [TRAINED * keep for keep in trained]
+        flags[0] |= CONVERSATION_START
+        ids[split].append(np.array(tokens + separator, dtype=dtype))
+        masks[split].append(np.array(flags + [0] * len(separator), dtype=np.uint8))
+        text_bytes[split] += len(tokenizer.decode(tokens).encode("utf-8"))
+        documents[split] += 1
+    joined = [np.concatenate(part) if part else np.empty(0, dtype) for part in ids]
+    for split in (TRAIN, VAL):
+        if len(joined[split]) < block_size + 1:
+            raise UserError(
+                f"the {SPLITS[split]} split of {source} has {documents[split]} conversation(s), {len(joined[split]):,} "
+                f"tokens, fewer than --block-size + 1 = {block_size + 1:,} (use more conversations, pass the model's "
+                f"block_size with --block-size, or change --val-fraction)"
+            )
+    if truncated:
+        print(f"truncated {truncated:,} of {len(conversations):,} conversations to --block-size={block_size:,} tokens")
+    created = not out.exists()
+    make_dir(out)
+    try:
+        for split, name in enumerate(SPLITS):
+            with atomic_open(out / f"{name}.bin") as f:
+                f.write(joined[split].tobytes())
+            with atomic_open(out / f"{name}.mask.bin") as f:
+                f.write(np.concatenate(masks[split]).tobytes() if masks[split] else b"")
+        if isinstance(tokenizer, JsonTokenizer):
+            with atomic_open(out / TOKENIZER_FILE) as f:
+                f.write(tokenizer.to_json().encode("utf-8"))
+    except BaseException:
+        if created:
+            for name in (*(f"{s}.bin" for s in SPLITS), *(f"{s}.mask.bin" for s in SPLITS), TOKENIZER_FILE):
+                (out / name).unlink(missing_ok=True)
+            if not any(out.iterdir()):
+                out.rmdir()
+        raise
+    meta = {
+        "format": 1,
+        "source": source,
+        "tokenizer": tokenizer.name,
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": np.dtype(dtype).name,
+        "train_tokens": len(joined[TRAIN]),
+        "val_tokens": len(joined[VAL]),
+        "train_bytes": text_bytes[TRAIN],
+        "val_bytes": text_bytes[VAL],
+        "documents": sum(documents),
+        "split_by": "documents",
+        "val_fraction": val_fraction,
+        "seed": seed,
+        "separator": tokenizer.decode(separator) if separator else None,
+        "chat": {
+            "template": tokenizer.chat_template,
+            "variables": tokenizer.template_variables,
+            "added_specials": list(tokenizer.added_specials),
+            "special_ids": {token: tokenizer.specials[token] for token in tokenizer.added_specials},
+            "train_on": train_on,
+            "longest": longest,  # tokens of the longest conversation: training needs model.block_size >= this
+            "truncated": truncated,
+        },
+    }
+    if isinstance(tokenizer, CharTokenizer):
+        meta["chars"] = tokenizer.chars
+    if isinstance(tokenizer, JsonTokenizer):
+        meta["tokenizer_sha256"] = tokenizer.sha256
+    with atomic_open(out / "meta.json") as f:
+        f.write((json.dumps(meta, indent=1) + "\n").encode())
+    return meta
+
+
+def build_chat_tokenizer(spec: str, conversations: list[Conversation]) -> Tokenizer:
+    """The tokenizer --chat renders with: a Hugging Face model folder's own (with its template), or
+    the built-in template on char (the conversations' characters), gpt2, a tokenizer.json, or the
+    tokenizer of a prepared dataset folder (meta.json) or of a run (its ckpt.pt), which keeps the
+    template it has."""
+    path = Path(spec)
+    if spec == "bpe":
+        raise UserError(
+            "--tokenizer=bpe with --chat: train the BPE on plain text first (prepare it without --chat), then "
+            "give that dataset's folder as --tokenizer"
+        )
+    if spec == "char":
+        template, specials = ChatTemplate(BUILTIN_TEMPLATE, BUILTIN_VARIABLES), dict.fromkeys(BUILTIN_SPECIALS, 0)
+        chars = set()  # every character the template writes around the specials, and the conversations'
+        for conversation in conversations:
+            for piece, special in split_specials(template.render(conversation.messages), specials):
+                chars.update(piece if special is None else "")
+        return chat_tokenizer(CharTokenizer("".join(sorted(chars))))
+    if spec == "gpt2":
+        return chat_tokenizer(GPT2Tokenizer())
+    if (path / "meta.json").is_file() or (path / "ckpt.pt").is_file():
+        tokenizer = tokenizer_from_meta(saved_meta(path))
+        return tokenizer if tokenizer.chat_template is not None else chat_tokenizer(tokenizer)
+    if path.is_dir():
+        return folder_chat_tokenizer(path)
+    return chat_tokenizer(JsonTokenizer.from_file(path))
+
+
+def saved_meta(folder: Path) -> dict:
+    """The dataset metadata of a prepared dataset folder, or the copy a run's checkpoint keeps."""
+    if (folder / "meta.json").is_file():
+        return read_meta(folder)
+    import torch
+
+    try:
+        checkpoint = torch.load(folder / "ckpt.pt", map_location="cpu", weights_only=True, mmap=True)
+    except Exception as e:  # torch raises many kinds for a damaged file
+        raise UserError(f"{folder / 'ckpt.pt'} cannot be read ({str(e).splitlines()[0]})") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("dataset"), dict):
+        raise UserError(f"{folder / 'ckpt.pt'} holds no dataset metadata: not a checkpoint written by train.py")
+    return checkpoint["dataset"]
+
+
 def prepare_text(
     text: str, tokenizer: str, out: Path, source: str, val_fraction: float = VAL_FRACTION, **options
 ) -> dict:
@@ -394,6 +570,8 @@ def ensure_prepared(dataset: str, data_dir: str) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.chat:
+        return main_chat(args)
     if args.dataset in BUNDLED:
         corpus_file, tokenizer_name = BUNDLED[args.dataset]
         if args.tokenizer not in (None, tokenizer_name):
@@ -436,6 +614,38 @@ def main() -> None:
     print(
         f"wrote {out}: {meta['train_tokens']:,} train and {meta['val_tokens']:,} val tokens from "
         f"{meta['documents']:,} documents, {meta['tokenizer']} tokenizer, vocabulary {meta['vocab_size']:,}, "
+        f"in {time.perf_counter() - start:.1f} s"
+    )
+
+
+def main_chat(args: argparse.Namespace) -> None:
+    if args.tokenizer is None:
+        raise UserError(
+            "--chat needs --tokenizer: a Hugging Face model folder, a run directory or prepared dataset to fine-tune "
+            "from, char, gpt2 or a tokenizer.json"
+        )
+    out = Path(args.out or Path(args.data_dir) / default_folder(args))
+    check_writable_dir(out, "--out" if args.out else "--data-dir")
+    refuse_prepared(out)
+    start = time.perf_counter()
+    conversations = read_conversations(
+        args.dataset, split=args.split, config_name=args.config_name, revision=args.revision, cache_dir=args.cache_dir
+    )
+    meta = prepare_chat(
+        itertools.islice(conversations, args.max_documents),
+        args.tokenizer,
+        out,
+        source=args.dataset,
+        train_on=args.train_on,
+        too_long=args.too_long,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        block_size=args.block_size,
+    )
+    print(
+        f"wrote {out}: {meta['documents']:,} conversations, {meta['train_tokens']:,} train and {meta['val_tokens']:,} "
+        f"val tokens, the longest {meta['chat']['longest']:,}; {meta['tokenizer']} tokenizer, vocabulary "
+        f"{meta['vocab_size']:,} (special tokens added: {', '.join(meta['chat']['added_specials']) or 'none'}), "
         f"in {time.perf_counter() - start:.1f} s"
     )
 
@@ -495,7 +705,26 @@ def parse_args() -> argparse.Namespace:
         default=BLOCK_SIZE,
         help=f"the model's context: each split must hold at least block_size + 1 tokens (default: {BLOCK_SIZE})",
     )
-    parser.add_argument("--max-documents", type=int, help="read only the first N documents")
+    parser.add_argument("--max-documents", type=int, help="read only the first N documents (conversations)")
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="the dataset holds conversations (messages or ShareGPT records): render them through a chat template "
+        "and write which tokens are trained beside the ids (docs/chat.md)",
+    )
+    parser.add_argument(
+        "--train-on",
+        choices=TRAIN_ON,
+        default="assistant",
+        help="--chat: the tokens trained: every assistant reply and its end-of-turn token (default), every token, "
+        "or the last reply only",
+    )
+    parser.add_argument(
+        "--too-long",
+        choices=TOO_LONG,
+        default="refuse",
+        help="--chat: a conversation longer than --block-size is refused, naming it (default), or truncated to it",
+    )
     parser.add_argument("--cache-dir", help="the datasets cache (default: datasets' own, under HF_HOME)")
     args = parser.parse_args()
     if not 0 < args.val_fraction < 1:
@@ -508,6 +737,12 @@ def parse_args() -> argparse.Namespace:
         check_bpe_vocab_size(args.vocab_size)
     elif args.vocab_size is not None:
         raise UserError(f"--vocab-size={args.vocab_size} applies only to --tokenizer=bpe, not {args.tokenizer}")
+    if not args.chat and (args.train_on != "assistant" or args.too_long != "refuse"):
+        raise UserError("--train-on and --too-long apply to conversations: add --chat")
+    if args.chat:
+        if args.dataset in BUNDLED:
+            raise UserError(f"--chat: {args.dataset!r} is a bundled text corpus, not conversations")
+        return args  # --tokenizer is read with the conversations (a folder is a model's, a dataset's or a run's)
     if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).is_dir():
         args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")  # a model folder: its own tokenizer
     if args.tokenizer not in (None, *TOKENIZERS):

@@ -40,16 +40,36 @@ BPE_TRAINING_PIECE_BYTES = 1024
 BYTE_FALLBACK_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's tokens for single bytes
 
 
-class CharTokenizer:
-    """One token per character of a fixed vocabulary (stored with the prepared data)."""
+class ChatFields:
+    """What every tokenizer carries for conversations (docs/chat.md): the special tokens it splits
+    out of text that a chat template renders (`specials`, string -> id), and the chat template
+    itself (jinja text) with the named token strings it is rendered with (`template_variables`,
+    e.g. eos_token), or None. `added_specials` are the special tokens added after the tokenizer's
+    own ids for the built-in template (data/chat.py), which a dataset's meta.json records."""
+
+    chat_template: str | None = None
+    template_variables: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)
+    added_specials: tuple[str, ...] = ()
+
+    def with_chat_template(self, template: str, variables: dict[str, str]) -> "Tokenizer":
+        self.chat_template, self.template_variables = template, dict(variables)
+        return self
+
+
+class CharTokenizer(ChatFields):
+    """One token per character of a fixed vocabulary (stored with the prepared data); special tokens
+    added for chat (`specials`) take the ids after the characters'. Character vocabularies have no
+    end-of-text token of their own: eot_token is an added <|endoftext|>'s, else None."""
 
     name = "char"
-    eot_token = None  # character vocabularies have no end-of-text token
 
-    def __init__(self, chars: str):
+    def __init__(self, chars: str, specials: tuple[str, ...] = ()):
         self.chars = chars
         self.stoi = {ch: i for i, ch in enumerate(chars)}
-        self.vocab_size = len(chars)
+        self.added_specials = tuple(specials)
+        self.specials = {token: len(chars) + i for i, token in enumerate(specials)}
+        self.vocab_size = len(chars) + len(specials)
+        self.eot_token = self.specials.get(END_OF_TEXT)
         codepoints = np.array([ord(ch) for ch in chars], dtype=np.uint32)
         self._order = np.argsort(codepoints)  # ids by code point, for encode_array's binary search
         self._sorted_codepoints = codepoints[self._order]
@@ -59,19 +79,27 @@ class CharTokenizer:
         return cls("".join(sorted(set(text))))
 
     def encode(self, text: str) -> list[int]:
-        self._check_known(text)
-        return [self.stoi[ch] for ch in text]
+        """Encode a prompt; an added special token's string in it becomes that token."""
+        ids = []
+        for piece, special in split_specials(text, self.specials):
+            if special is not None:
+                ids.append(special)
+            else:
+                self._check_known(piece)
+                ids.extend(self.stoi[ch] for ch in piece)
+        return ids
 
     def encode_array(self, text: str) -> np.ndarray:
-        """Encode corpus text into a uint32 array, vectorised: the same ids as encode."""
+        """Encode corpus text into a uint32 array, vectorised, every character as itself (special
+        tokens' strings too)."""
         codepoints = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        positions = np.searchsorted(self._sorted_codepoints, codepoints).clip(max=self.vocab_size - 1)
+        positions = np.searchsorted(self._sorted_codepoints, codepoints).clip(max=len(self.chars) - 1)
         if not np.array_equal(self._sorted_codepoints[positions], codepoints):
             self._check_known(text)
         return self._order[positions].astype(np.uint32)
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.chars[i] for i in ids)
+        return "".join(self.token_bytes(i).decode("utf-8") for i in ids)
 
     def _check_known(self, text: str) -> None:
         unknown = sorted(set(text) - self.stoi.keys())
@@ -79,11 +107,13 @@ class CharTokenizer:
             shown = ", ".join(repr(ch) for ch in unknown[:10])
             more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
             raise UserError(
-                f"the text has characters outside the model's {self.vocab_size}-character "
+                f"the text has characters outside the model's {len(self.chars)}-character "
                 f"vocabulary: {shown}{more} (use only characters of the training corpus)"
             )
 
     def token_bytes(self, token: int) -> bytes:
+        if token >= len(self.chars):
+            return self.added_specials[token - len(self.chars)].encode("utf-8")
         return self.chars[token].encode("utf-8")
 
     def to_json(self) -> str:
@@ -92,22 +122,26 @@ class CharTokenizer:
         model = tokenizers.models.BPE(vocab=self.stoi, merges=[])
         tokenizer = tokenizers.Tokenizer(model)
         tokenizer.decoder = tokenizers.decoders.Fuse()
+        tokenizer.add_special_tokens(list(self.added_specials))  # ids after the characters', as here
         return tokenizer.to_str()
 
 
-class GPT2Tokenizer:
-    """GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> = 50256)."""
+class GPT2Tokenizer(ChatFields):
+    """GPT-2's byte-level BPE (50,257 tokens, <|endoftext|> = 50256); special tokens added for chat
+    take the ids 50257, 50258, ..."""
 
     name = "gpt2"
 
-    def __init__(self):
-        self.encoding = gpt2_encoding()
+    def __init__(self, specials: tuple[str, ...] = ()):
+        self.added_specials = tuple(specials)
+        self.encoding = gpt2_encoding(self.added_specials)
         self.vocab_size = self.encoding.n_vocab
         self.eot_token = self.encoding.eot_token
+        self.specials = {token: self.encoding.encode_single_token(token) for token in self.encoding.special_tokens_set}
 
     def encode(self, text: str) -> list[int]:
-        """Encode a prompt; a literal <|endoftext|> in it becomes the end-of-text token."""
-        return self.encoding.encode(text, allowed_special={END_OF_TEXT})
+        """Encode a prompt; a literal special token's string (<|endoftext|>) in it becomes that token."""
+        return self.encoding.encode(text, allowed_special="all")
 
     def encode_ordinary(self, text: str) -> list[int]:
         """Encode corpus text: special-token strings in it are treated as plain text."""
@@ -134,7 +168,7 @@ class GPT2Tokenizer:
         tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=merges))
         tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tokenizer.decoder = tokenizers.decoders.ByteLevel()
-        tokenizer.add_special_tokens([END_OF_TEXT])  # id 50256, the next after the ranks
+        tokenizer.add_special_tokens([END_OF_TEXT, *self.added_specials])  # id 50256 (the next after the ranks), ...
         return tokenizer.to_str()
 
 
@@ -167,7 +201,7 @@ class UnencodableText(UserError):
         )
 
 
-class JsonTokenizer:
+class JsonTokenizer(ChatFields):
     """Any tokenizer that the `tokenizers` package loads from a tokenizer.json: a byte-level BPE
     trained by data/prepare.py, or the tokenizer of a Hugging Face model folder (Llama, Qwen, ...).
 
@@ -201,6 +235,8 @@ class JsonTokenizer:
         self.vocab_size = max(vocab.values()) + 1  # ids may have holes; every id must fit the embedding
         added = self.tokenizer.get_added_tokens_decoder()  # id -> AddedToken
         specials = {token.content: token_id for token_id, token in added.items() if token.special}
+        # text is split at every added token's string before the model reads it, as the tokenizers package does
+        self.specials = {token.content: token_id for token_id, token in added.items()}
         self.eot_token = next((specials[s] for s in DOCUMENT_SEPARATORS if s in specials), None)
         self.prompt_tokenizer = plain_encoder(text)
         # corpus text is encoded with special-token strings as plain text, as GPT2Tokenizer's encode_ordinary does
@@ -515,17 +551,54 @@ def gpt2_ranks() -> dict[bytes, int]:
     return ranks
 
 
-@lru_cache(maxsize=1)
-def gpt2_encoding() -> tiktoken.Encoding:
-    """GPT-2's encoding built from the shipped rank file, with no network access."""
+@lru_cache(maxsize=4)
+def gpt2_encoding(added: tuple[str, ...] = ()) -> tiktoken.Encoding:
+    """GPT-2's encoding built from the shipped rank file, with no network access; added special
+    tokens take the ids after <|endoftext|>."""
     ranks = gpt2_ranks()
+    specials = {token: len(ranks) + i for i, token in enumerate((END_OF_TEXT, *added))}
     return tiktoken.Encoding(
-        name="gpt2",
+        name="gpt2" if not added else "gpt2+chat",
         pat_str=r50k_pat_str,
         mergeable_ranks=ranks,
-        special_tokens={END_OF_TEXT: len(ranks)},
-        explicit_n_vocab=len(ranks) + 1,
+        special_tokens=specials,
+        explicit_n_vocab=len(ranks) + len(specials),
     )
+
+
+def split_specials(text: str, specials: dict[str, int]) -> Iterator[tuple[str, int | None]]:
+    """text as pieces: (ordinary text, None) and (a special token's string, its id), in order. At each
+    place the longest special token that starts there is taken, as the tokenizers package does."""
+    if not specials:
+        yield text, None
+        return
+    pattern = "|".join(re.escape(token) for token in sorted(specials, key=len, reverse=True))
+    start = 0
+    for match in re.finditer(pattern, text):
+        if match.start() > start:
+            yield text[start : match.start()], None
+        yield match.group(), specials[match.group()]
+        start = match.end()
+    if start < len(text):
+        yield text[start:], None
+
+
+def with_special_tokens(tokenizer: "Tokenizer", tokens: tuple[str, ...]) -> "Tokenizer":
+    """The tokenizer with the special tokens among `tokens` that it lacks added after its own ids (the
+    vocabulary grows by their count), in that order; the others keep their ids."""
+    missing = tuple(token for token in tokens if token not in tokenizer.specials)
+    if isinstance(tokenizer, CharTokenizer):
+        return CharTokenizer(tokenizer.chars, (*tokenizer.added_specials, *missing))
+    if isinstance(tokenizer, GPT2Tokenizer):
+        return GPT2Tokenizer((*tokenizer.added_specials, *missing))
+    grown = tokenizers.Tokenizer.from_str(tokenizer.text)
+    base = grown.get_vocab_size(with_added_tokens=True)
+    grown.add_special_tokens(list(missing))
+    json_tokenizer = JsonTokenizer(grown.to_str(), source=tokenizer.source)
+    json_tokenizer.added_specials = (*tokenizer.added_specials, *missing)
+    if json_tokenizer.vocab_size != base + len(missing):
+        raise UserError(f"{tokenizer.source}: adding {', '.join(missing)} did not give them new ids after its own")
+    return json_tokenizer
 
 
 def vocabulary_fingerprint(meta: dict) -> str:
@@ -536,19 +609,29 @@ def vocabulary_fingerprint(meta: dict) -> str:
     kind = meta.get("tokenizer")
     mapping = {"char": meta.get("chars"), "json": meta.get("tokenizer_sha256")}.get(kind, GPT2_RANKS_SHA256)
     identity = {"tokenizer": meta.get("tokenizer"), "vocab_size": meta.get("vocab_size"), "mapping": mapping}
+    added = (meta.get("chat") or {}).get("added_specials")
+    if added:  # a vocabulary without added tokens keeps the fingerprint it always had
+        identity["added_specials"] = added
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode("utf-8")).hexdigest()[:16]
 
 
 def tokenizer_from_meta(meta: dict) -> Tokenizer:
     """The tokenizer a prepared dataset (or a checkpoint, which carries the same metadata) was made with."""
     kind = meta.get("tokenizer")
+    chat = meta.get("chat") or {}
+    added = tuple(chat.get("added_specials", ()))
     if kind == "char":
-        return CharTokenizer(meta["chars"])
-    if kind == "gpt2":
-        return GPT2Tokenizer()
-    if kind == "json":
-        return JsonTokenizer(meta["tokenizer_json"], source="the tokenizer.json of the dataset metadata")
-    raise UserError(f"tokenizer={kind!r} in the dataset metadata is unknown (expected 'char', 'gpt2' or 'json')")
+        tokenizer = CharTokenizer(meta["chars"], added)
+    elif kind == "gpt2":
+        tokenizer = GPT2Tokenizer(added)
+    elif kind == "json":  # its added tokens are in the tokenizer.json itself
+        tokenizer = JsonTokenizer(meta["tokenizer_json"], source="the tokenizer.json of the dataset metadata")
+        tokenizer.added_specials = added
+    else:
+        raise UserError(f"tokenizer={kind!r} in the dataset metadata is unknown (expected 'char', 'gpt2' or 'json')")
+    if chat:
+        tokenizer.with_chat_template(chat["template"], chat.get("variables", {}))
+    return tokenizer
 
 
 class StreamDecoder:

@@ -244,7 +244,7 @@ class GPT(nn.Module):
         logits_to_keep: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """idx: (B, T) token ids. Returns logits (B, T, vocab_size) and, when targets (B, T) are
-        given, the mean cross-entropy over targets that are not -1 (padding).
+        given, the mean cross-entropy over targets that are not -1 (padding, untrained tokens; 0 if all are).
         logits_to_keep: compute the logits of the last logits_to_keep positions only, (B,
         logits_to_keep, vocab_size); 0 = all. Scoring a long context needs only its last position's,
         and the output layer is the largest product of the pass.
@@ -280,8 +280,10 @@ class GPT(nn.Module):
         logits = self.softcap(self.lm_head(x[:, -logits_to_keep:]))  # (B, T or logits_to_keep, vocab_size)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1)
-        return logits, loss
+        # the mean over the targets that count: their sum over their number, which is 0 (not NaN, as
+        # cross_entropy's mean gives) when none does, as in a chat micro-batch of prompts only
+        losses = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1, reduction="sum")
+        return logits, losses / (targets != -1).sum().clamp(min=1)
 
     def attention_mask(
         self,

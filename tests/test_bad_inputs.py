@@ -274,6 +274,39 @@ EVAL = ["--out-dir", "out/tiny", "--device", "cpu", "--no-progress", "--tasks"]
 ITEM = '{"ctx": "ROMEO:", "endings": ["Peace!", "Away!"], "label": 0}\n'  # a good multiple-choice item
 TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
 
+CORPUS_TEXT = (CORPUS_DIR / "tinyshakespeare.txt").read_text()[:5000]
+CHAT_PREPARE = ["--dataset", "chats.jsonl", "--chat", "--tokenizer", "char", "--out", "chat"]
+CHAT_REPLY = {"role": "assistant", "content": "ho"}
+
+
+def write_chats(*records: dict) -> Callable[[Path], None]:
+    return write("chats.jsonl", "".join(json.dumps(record) + "\n" for record in records))
+
+
+def chat_model_folder(template: str) -> Callable[[Path], None]:
+    """A model folder whose tokenizer_config.json holds the chat template."""
+
+    def setup(workspace: Path) -> None:
+        folder = workspace / "chatmodel"
+        folder.mkdir()
+        (folder / "tokenizer.json").write_text(CharTokenizer.from_text(CORPUS_TEXT).to_json())
+        (folder / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+        write_chats({"messages": [{"role": "user", "content": "hi"}, CHAT_REPLY]})(workspace)
+
+    return setup
+
+
+def chat_dataset_of_the_run(workspace: Path) -> None:
+    """data/chat: conversations rendered with out/tiny's characters and the built-in template."""
+    from data.chat import read_conversations
+    from data.prepare import prepare_chat
+
+    write_chats(*[{"messages": [{"role": "user", "content": "hi"}, CHAT_REPLY]}] * 20)(workspace)
+    conversations = read_conversations(str(workspace / "chats.jsonl"))
+    prepare_chat(conversations, str(workspace / "out" / "tiny"), workspace / "data" / "chat", source="chats.jsonl",
+                 block_size=32, val_fraction=0.3)  # fmt: skip
+
+
 CATALOGUE = [
     # config files and overrides
     Case("toml-syntax", "train.py", ["--config", "bad.toml"], "is not valid TOML", write("bad.toml", "[model]\nn_layer = = 2\n")),
@@ -504,6 +537,15 @@ CATALOGUE = [
     Case("eval-max-new-tokens-zero", "eval.py", [*EVAL, "gen.jsonl", "--max-new-tokens", "0"], "--max-new-tokens=0 is not allowed (use 1 or more)", write("gen.jsonl", '{"prompt": "ROMEO:", "answer": "Peace!"}\n')),
     Case("chat-tasks-over-its-files", "data/chat_tasks.py", ["--out", "made", "--train", "5", "--val", "2", "--heldout", "2"], "made already holds train.jsonl (delete them or choose another --out)", write_files("made/train.jsonl")),
     Case("chat-tasks-none-held-out", "data/chat_tasks.py", ["--out", "made", "--heldout", "0"], "--heldout=0 is not allowed (use 1 or more)"),
+    # conversations (data/prepare.py --chat) and the runs that train on them
+    Case("chat-record-without-messages", "data/prepare.py", CHAT_PREPARE, 'chats.jsonl line 1: no "messages" field (nor ShareGPT\'s "conversations"); its fields: \'text\'', write_chats({"text": "hi"})),
+    Case("chat-unknown-role", "data/prepare.py", CHAT_PREPARE, "chats.jsonl line 1: messages[1]: role='robot' is not one of system, user, assistant", write_chats({"messages": [{"role": "robot", "content": "hi"}, CHAT_REPLY]})),
+    Case("chat-empty-content", "data/prepare.py", CHAT_PREPARE, "chats.jsonl line 1: messages[2]: content='' is not text", write_chats({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]})),
+    Case("chat-no-assistant-turn", "data/prepare.py", CHAT_PREPARE, "chats.jsonl line 1: no assistant message, so nothing to learn", write_chats({"messages": [{"role": "user", "content": "hi"}]})),
+    Case("chat-template-raises", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "chats.jsonl line 1: the chat template cannot render it (roles must alternate)", chat_model_folder("{{ raise_exception('roles must alternate') }}")),
+    Case("chat-template-not-jinja", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "the chat template is not valid jinja", chat_model_folder("{% for message in %}")),
+    Case("chat-model-folder-without-template", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)", lambda w: (chat_model_folder("")(w), (w / "chatmodel" / "tokenizer_config.json").write_text("{}"))),
+    Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
 ]  # fmt: skip
 
 

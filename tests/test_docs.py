@@ -10,7 +10,7 @@ How the commands run: the README's commands in order in a copy of the checkout (
 as the working tree holds them: a new file must be added to git to be in the copy), then each
 page's commands in order in a copy of that workspace, so that a page may use the README's trained
 run but no other page's files; a command run there already (by the README, or earlier on the page)
-is not run again. Files the pages name as the user's own (notes.txt, corpus/) are made from the
+is not run again. Files the pages name as the user's own (notes.txt, corpus/, chats.jsonl) are made from the
 bundled Shakespeare. `python SCRIPT ...` runs the script's main() in this process through run_cli,
 as `python SCRIPT` does, in the copy (one import of torch for all of them, one torch thread as on a
 one-core machine); `python -c` and torchrun run in a subprocess. Only overrides that shorten a run
@@ -25,6 +25,7 @@ test_every_command_listed_as_not_run_is_still_shown, and a new command that is n
 
 import fnmatch
 import io
+import json
 import re
 import shlex
 import shutil
@@ -345,6 +346,12 @@ def copy_of_checkout(destination: Path) -> Path:
             shutil.copy2(source, destination / name)
     text = (CORPUS_DIR / "tinyshakespeare.txt").read_text(encoding="utf-8")
     (destination / "notes.txt").write_text(text[:100_000], encoding="utf-8")
+    words = sorted({word for word in re.findall(r"[a-z]{3,6}", text[:20_000])})[:60]
+    chats = [  # conversations for docs/chat.md: a word spelt, within the characters of Shakespeare
+        {"messages": [{"role": "user", "content": f"Spell {word}"}, {"role": "assistant", "content": " ".join(word)}]}
+        for word in words
+    ]
+    (destination / "chats.jsonl").write_text("".join(json.dumps(chat) + "\n" for chat in chats), encoding="utf-8")
     (destination / "corpus").mkdir()
     for i in range(20):  # twenty documents, so that each split of the folder gets some
         (destination / "corpus" / f"part{i:02}.txt").write_text(text[i * 25_000 : (i + 1) * 25_000], encoding="utf-8")

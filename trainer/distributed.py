@@ -113,11 +113,15 @@ class World:
 
     def mean(self, value: torch.Tensor) -> torch.Tensor:
         """The mean of a tensor over all processes (a copy; the input is left alone)."""
+        return self.sum(value) / self.size
+
+    def sum(self, value: torch.Tensor) -> torch.Tensor:
+        """The sum of a tensor over all processes (a copy; the input is left alone)."""
         if not self.launched:
             return value
         total = value.detach().clone()
         dist.all_reduce(total)  # gloo has no AVG: sum, then divide
-        return total / self.size
+        return total
 
     def max(self, values: list[float], device: torch.device) -> list[float]:
         """The elementwise maximum of a few numbers over all processes: one all-reduce, and on CUDA a

@@ -18,7 +18,14 @@ from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT
 from model.families import non_finite
-from trainer.checkpoint import FORMAT_VERSION, check_weights, restore_rng_state, rng_state, save_checkpoint
+from trainer.checkpoint import (
+    FORMAT_VERSION,
+    check_weights,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state,
+    save_checkpoint,
+)
 from trainer.config import (
     INIT_FROM,
     Config,
@@ -40,8 +47,15 @@ from trainer.evaluate import (
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
-from trainer.pretrained import crop_positions, is_hub_id, load_pretrained, with_pretrained_shape
-from trainer.run_dir import RunDir
+from trainer.pretrained import (
+    crop_positions,
+    from_run_checkpoint,
+    is_hub_id,
+    load_pretrained,
+    run_checkpoint,
+    with_pretrained_shape,
+)
+from trainer.run_dir import RunDir, check_same_kind_of_data
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.stop import StopSignals
 
@@ -82,8 +96,13 @@ class Trainer:
         train = cfg.train
         checkpoint = self.run_dir.open(cfg)
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
+        if checkpoint is not None:  # before the vocabulary sizes, which differ too: the kind of data says why
+            check_same_kind_of_data(checkpoint["dataset"], self.dataset.meta, cfg.data.dataset, self.run_dir.path)
         pretrained = None
-        if train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
+        if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
+            source = load_checkpoint(run_checkpoint(train.init_from))
+            cfg, pretrained = from_run_checkpoint(cfg, source, self.dataset.meta)
+        elif train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
             folder = load_pretrained(train.init_from, key="train.init_from")
             cfg = with_pretrained_shape(cfg, folder, self.dataset.meta)
             pretrained = folder.state
@@ -118,6 +137,7 @@ class Trainer:
         self.batches = self._train_windows(train.seed + self.world.rank)
         self.objective = Objective(cfg.model, train.seed + self.world.rank)  # prefix lengths, targets
         self.step = 0
+        self.trained_tokens = torch.zeros((), dtype=torch.long)  # targets with a loss in the last step, all processes
         self.wandb_run_id = None
         self.stop: StopSignals | None = None  # while fit runs: its stop requests
         self.slowdown = SlowdownWatch()
@@ -230,8 +250,9 @@ class Trainer:
 
     def train_step(self, lr: float) -> torch.Tensor | None:
         """One optimizer step over this process's share of the gradient_accumulation_steps
-        micro-batches; returns its mean loss (a tensor on the device: reading it forces a sync, so
-        only logging does), or None if a stop request came between two micro-batches: the step is
+        micro-batches; returns its loss (a tensor on the device: reading it forces a sync, so only
+        logging does; the mean over the processes is the mean over every trained target of the step,
+        kept in self.trained_tokens), or None if a stop request came between two micro-batches: the step is
         then dropped whole, leaving the state of the last finished step for the checkpoint."""
         train = self.cfg.train
         self.optimizer.set_lr(lr)
@@ -239,26 +260,32 @@ class Trainer:
         # where the step starts, to drop it whole if a stop comes between its micro-batches (in fit)
         stop = self.stop if micro_batches > 1 else None
         start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
+        # the step's batches are drawn first: the loss is the mean over every trained target of the step, in
+        # every micro-batch and process, so each micro-batch's mean is weighted by its share of their number
+        batches = [self.objective(*self.batches.next_batch()) for _ in range(micro_batches)]
+        counts = [(y != -1).sum() for _, y, _ in batches]
+        trained_tokens = self.world.sum(torch.stack(counts).sum())  # over all processes: one all-reduce
+        # processes average their gradients (divide by their number): each share is scaled up by it
+        shares = [count * self.world.size / trained_tokens.clamp(min=1) for count in counts]
         total_loss = torch.zeros((), device=self.device)
-        for micro_batch in range(micro_batches):
+        for micro_batch, ((x, y, prefix), share) in enumerate(zip(batches, shares, strict=True)):
             if micro_batch > 0 and stop is not None and stop.requested(self.step, micro_batch) is not None:
                 self._drop_step(start)
                 return None
-            x, y, prefix = self.objective(*self.batches.next_batch())
             # processes average their gradients once per step, in the last micro-batch's backward
             with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
                 with autocast(self.device, self.dtype):
                     _, loss = self.forward(x, y, prefix=prefix)
-                # dividing by the micro-batch count makes the summed gradients those of the mean loss
-                self.scaler.scale(loss / micro_batches).backward()
-            total_loss += loss.detach()
+                self.scaler.scale(loss * share).backward()
+            total_loss += loss.detach() * share
         if train.grad_clip > 0:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), train.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        return total_loss / micro_batches
+        self.trained_tokens = trained_tokens
+        return total_loss  # its mean over the processes is the step's loss
 
     def _drop_step(self, start: dict) -> None:
         """Undo the micro-batches of an unfinished step: its gradients, and the batches and random
@@ -268,7 +295,8 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float] | None:
-        """Mean loss over eval_iters batches of each split (in every process, averaged). The batches
+        """Mean loss over the targets of eval_iters batches of each split, in every process (a chat
+        dataset's trained tokens only). The batches
         are the same at every evaluation (their own fixed seed), so successive values compare like for like.
         With stop, a stop request ends the evaluation after the batch it is agreed on: None."""
         train = self.cfg.train
@@ -287,16 +315,19 @@ class Trainer:
                     self.device,
                 )
                 objective = Objective(self.cfg.model, train.seed + self.world.size + self.world.rank)
-                total = torch.zeros((), device=self.device)
+                total = torch.zeros((), device=self.device)  # of the targets' losses
+                counted = torch.zeros((), device=self.device)  # targets with a loss (chat: trained tokens)
                 for _ in range(train.eval_iters):
                     x, y, prefix = objective(*windows.next_batch())
                     with autocast(self.device, self.dtype):
                         _, loss = self.forward(x, y, prefix=prefix)
-                    total += loss.float()
+                    count = (y != -1).sum()
+                    total += loss.float() * count
+                    counted += count
                     batches += 1
                     if agreement is not None and agreement.requested(batches) is not None:
                         return None
-                losses[split] = self.world.mean(total / train.eval_iters).item()
+                losses[split] = (self.world.sum(total) / self.world.sum(counted).clamp(min=1)).item()
             return losses
         finally:
             self.model.train()
@@ -360,8 +391,14 @@ class Trainer:
         if not math.isfinite(loss_value):
             self._diverged(f"the train loss is {loss_value}")
         record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
+        trained = {}
+        if self.dataset.chat:  # of the step's tokens, those with a loss (the replies, by default)
+            record["trained_tokens"] = int(self.trained_tokens.item())
+            trained = {"trained": f"{record['trained_tokens']:,}"}
         self._record(record)
-        progress.set_postfix(loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", refresh=False)
+        progress.set_postfix(
+            loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", **trained, refresh=False
+        )
         best = self.slowdown.update(record["tokens_per_sec"])
         if best is not None and self.device.type == "cpu" and self.world.is_main:
             progress.write(
@@ -471,13 +508,14 @@ class Trainer:
 
 def _check_init_from(init_from: str) -> None:
     """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one."""
-    if init_from in INIT_FROM or Path(init_from).is_dir() or is_hub_id(init_from):
+    if init_from in INIT_FROM or Path(init_from).is_dir() or Path(init_from).is_file() or is_hub_id(init_from):
         return
     close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UserError(
         f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
-        f"new run, resume to continue the run in train.out_dir, or a Hugging Face model folder or hub id{hint})"
+        f"new run, resume to continue the run in train.out_dir, a run directory or ckpt.pt to fine-tune, or a "
+        f"Hugging Face model folder or hub id{hint})"
     )
 
 

@@ -16,7 +16,7 @@ from errors import UserError
 from model import GPT, GPTConfig
 from model.families import Family, family_for, hf_config, non_finite, tensors_to_hf
 from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
-from trainer.config import Config
+from trainer.config import CHECKPOINT_NAME, Config
 
 TOKENIZER_NAME = "tokenizer.json"
 EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", "config.json")  # what --export writes
@@ -215,3 +215,60 @@ def _model_files(directory: Path) -> list[str]:
     weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
     names = ("config.json", TOKENIZER_NAME)
     return sorted(p.name for p in directory.iterdir() if p.name in names or p.name.endswith(weights))
+
+
+def run_checkpoint(value: str) -> Path | None:
+    """The checkpoint that train.init_from names: a ckpt.pt file, or a run directory holding one;
+    None for anything else (scratch, resume, a Hugging Face folder or hub id)."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    return path / CHECKPOINT_NAME if (path / CHECKPOINT_NAME).is_file() else None
+
+
+def from_run_checkpoint(cfg: Config, checkpoint: dict, dataset_meta: dict) -> tuple[Config, dict[str, torch.Tensor]]:
+    """The run's config and starting weights for fine-tuning a checkpoint of this trainer (train.init_from
+    a run directory or ckpt.pt) on data.dataset. The architecture and shape are the checkpoint's; the
+    run's model.block_size (at most the checkpoint's), dropout and attention pattern apply.
+
+    The dataset's vocabulary must be the checkpoint's, or the checkpoint's followed by special tokens
+    added for chat (docs/chat.md): then the token embedding (and an untied output layer) grows by their
+    rows, each started at the mean of the existing tokens' rows, a token the model reads as an average
+    one rather than as noise."""
+    source = cfg.train.init_from
+    saved = dataclasses.replace(GPTConfig(), **checkpoint["config"]["model"])
+    if cfg.model.block_size > saved.block_size:
+        raise UserError(
+            f"model.block_size={cfg.model.block_size} is longer than the {saved.block_size} positions of the "
+            f"model in train.init_from={source!r} (use at most {saved.block_size})"
+        )
+    theirs, ours = tokenizer_from_meta(checkpoint["dataset"]), tokenizer_from_meta(dataset_meta)
+    shared = min(theirs.vocab_size, ours.vocab_size)
+    if ours.vocab_size < theirs.vocab_size or not all(
+        theirs.token_bytes(i) == ours.token_bytes(i) for i in range(shared)
+    ):
+        chat = "conversations" if "chat" in dataset_meta else "plain text"
+        vocabulary = f"{dataset_meta['tokenizer']} vocabulary of {ours.vocab_size:,}"
+        raise UserError(
+            f"data.dataset={cfg.data.dataset!r} ({chat}, {vocabulary}) "
+            f"does not extend the vocabulary the model in train.init_from={source!r} was trained with "
+            f"({theirs.vocab_size:,} tokens{', with a chat template' if 'chat' in checkpoint['dataset'] else ''}): "
+            f"prepare the data with --tokenizer {source} (docs/chat.md)"
+        )
+    pattern = {key: getattr(cfg.model, key) for key in ("block_size", "dropout", "attn_documents", "eot_token")}
+    vocab_size = max(saved.vocab_size, ours.vocab_size)
+    model = dataclasses.replace(saved, **pattern, vocab_size=vocab_size)
+    state = grow_vocabulary(checkpoint["model"], theirs.vocab_size, vocab_size)
+    return dataclasses.replace(cfg, model=model), state
+
+
+def grow_vocabulary(state: dict[str, torch.Tensor], known: int, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The weights with the token embedding (and an untied output layer) grown to vocab_size rows, the
+    new rows each the mean of the first `known` rows (the tokens the model was trained on)."""
+    grown = dict(state)
+    for name in ("transformer.wte.weight", "lm_head.weight"):
+        if name in state and state[name].size(0) < vocab_size:
+            rows = state[name]
+            mean = rows[:known].mean(dim=0, keepdim=True)  # (1, C)
+            grown[name] = torch.cat([rows, mean.expand(vocab_size - rows.size(0), -1)])
+    return grown

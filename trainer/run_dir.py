@@ -187,6 +187,22 @@ class RunDir:
         return self.world.gather(pending)[0]
 
 
+def check_same_kind_of_data(saved: dict, meta: dict, dataset: str, run_dir: Path) -> None:
+    """A run trained on plain text resumes on plain text, one trained on conversations on conversations
+    (a chat dataset: meta.json's "chat", its template and special tokens): the other kind is refused."""
+    if ("chat" in saved) == ("chat" in meta):
+        return
+    if "chat" in meta:
+        raise UserError(
+            f"data.dataset={dataset!r} holds conversations, but the run in {run_dir} was trained on plain text and "
+            f"cannot resume on them: fine-tune it in a new run with --train.init_from={run_dir} (docs/chat.md)"
+        )
+    raise UserError(
+        f"data.dataset={dataset!r} is plain text, but the run in {run_dir} was trained on conversations with a chat "
+        f"template: resume it on its own chat dataset, or fine-tune it in a new run with --train.init_from={run_dir}"
+    )
+
+
 # model keys a run fills in from its dataset when left at these values: the request does not differ
 FOLLOWS_DATA = {"vocab_size": 0, "eot_token": -1}
 

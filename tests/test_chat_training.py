@@ -1,0 +1,157 @@
+"""Training on conversations: the loss counts trained tokens only (a hand computation), a micro-batch
+with none is finite and adds nothing, a chat run resumes exactly, a plain run is fine-tuned on a chat
+dataset with its embedding grown, and the other kind of data is refused on resume."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from data.chat import IM_END, IM_START, read_conversations
+from data.loader import TokenDataset
+from data.prepare import prepare_chat
+from errors import UserError
+from tests.conftest import FixedBatches, capture_gradients, tiny_config
+from trainer.loop import Trainer
+from trainer.metrics import METRICS_NAME
+from trainer.metrics import read_metrics as read_log
+
+WORDS = ["cat", "dog", "horse", "lamb", "crow", "deer", "mouse", "goat", "swan", "bee"]
+
+
+def read_metrics(run):
+    return read_log(run / METRICS_NAME)
+
+
+def write_chats(path, count=60):
+    """Small conversations over the characters of Shakespeare: spelling and reversing words."""
+    lines = []
+    for i in range(count):
+        word = WORDS[i % len(WORDS)] + "s" * (i // len(WORDS) % 3)
+        turns = [{"role": "user", "content": f"Spell {word}"}, {"role": "assistant", "content": " ".join(word)}]
+        if i % 4 == 0:
+            turns += [{"role": "user", "content": "Back"}, {"role": "assistant", "content": word[::-1]}]
+        if i % 5 == 0:
+            turns.insert(0, {"role": "system", "content": "Be brief"})
+        lines.append(json.dumps({"messages": turns}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory, data_dir):
+    """A tiny character run on Shakespeare: the model a chat dataset fine-tunes."""
+    out = tmp_path_factory.mktemp("plain") / "run"
+    Trainer(tiny_config(out, data_dir, model__block_size=64, train__max_iters=4, train__eval_interval=4)).fit()
+    return out
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory, data_dir, plain_run):
+    """data_dir/chat: conversations rendered with the plain run's characters and the built-in template."""
+    root = tmp_path_factory.mktemp("chat_data")
+    chats = write_chats(root / "chats.jsonl")
+    prepare_chat(read_conversations(str(chats)), str(plain_run), root / "chat", source="chats.jsonl", block_size=64,
+                 val_fraction=0.25, too_long="truncate")  # fmt: skip
+    return root
+
+
+def chat_config(out, chat_data, **overrides):
+    return tiny_config(out, chat_data, data__dataset="chat", **{"model__block_size": 64} | overrides)
+
+
+def test_chat_dataset_extends_the_runs_vocabulary(chat_data, data_dir):
+    chat, plain = TokenDataset(chat_data / "chat"), TokenDataset(data_dir / "shakespeare_char")
+    assert chat.meta["chars"] == plain.meta["chars"]
+    assert chat.meta["chat"]["added_specials"] == ["<|endoftext|>", IM_START, IM_END]
+    assert chat.vocab_size == plain.vocab_size + 3
+
+
+def test_masked_loss_is_the_mean_over_trained_tokens_of_all_micro_batches(tmp_path, chat_data):
+    """Two micro-batches with different numbers of trained targets (one with none at all): the step's
+    loss and gradients are those of the sum of the trained targets' losses over their total number."""
+    trainer = Trainer(chat_config(tmp_path / "run", chat_data, train__gradient_accumulation_steps=2))
+    x = torch.randint(0, trainer.dataset.vocab_size, (8, 64), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, trainer.dataset.vocab_size, (8, 64), generator=torch.Generator().manual_seed(1))
+    y[:4] = -1  # the first micro-batch: prompts only
+    y[4:, ::3] = -1
+    trainer.batches = FixedBatches(x, y, 4)
+    logits, _ = trainer.model(x)
+    kept = y != -1
+    expected = F.cross_entropy(logits[kept], y[kept])  # by hand: the trained targets' mean, over both
+    expected.backward()
+    by_hand = {name: p.grad.clone() for name, p in trainer.model.named_parameters()}
+    trainer.model.zero_grad(set_to_none=True)
+    gradients = capture_gradients(trainer)
+    loss = trainer.train_step(lr=0.0)
+    torch.testing.assert_close(loss, expected.detach())
+    assert int(trainer.trained_tokens) == int(kept.sum())
+    for name, grad in gradients.items():
+        torch.testing.assert_close(grad, by_hand[name], rtol=1e-4, atol=1e-7)
+
+
+def test_a_micro_batch_without_trained_tokens_is_finite_and_adds_nothing(tmp_path, chat_data):
+    trainer = Trainer(chat_config(tmp_path / "run", chat_data))
+    x = torch.randint(0, trainer.dataset.vocab_size, (4, 64))
+    _, loss = trainer.model(x, torch.full_like(x, -1))
+    assert torch.isfinite(loss) and loss.item() == 0.0
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in trainer.model.parameters())
+    trainer.batches = FixedBatches(x, torch.full_like(x, -1), 4)
+    assert trainer.train_step(lr=1e-3).item() == 0.0
+
+
+def test_chat_windows_start_at_conversations_and_train_replies_only(chat_data):
+    from data.loader import RandomWindows
+    from data.tokenizer import tokenizer_from_meta
+
+    dataset = TokenDataset(chat_data / "chat")
+    tokenizer = tokenizer_from_meta(dataset.meta)
+    x, y = RandomWindows(dataset, "train", 8, 64, 0, torch.device("cpu")).next_batch()
+    for row, targets in zip(x.tolist(), y.tolist(), strict=True):
+        text = tokenizer.decode(row)
+        assert text.startswith("<|im_start|>")
+        learnt = tokenizer.decode([t for t in targets if t != -1])
+        assert "user" not in learnt and "Spell" not in learnt  # prompts are never targets
+        assert learnt.count(IM_END) >= 1
+
+
+def test_plain_run_fine_tunes_on_a_chat_dataset_with_its_embedding_grown(tmp_path, chat_data, plain_run):
+    run = tmp_path / "chat_run"
+    trainer = Trainer(chat_config(run, chat_data, train__init_from=str(plain_run), train__max_iters=4,
+                                  model__attn_documents=True))  # fmt: skip
+    saved = torch.load(plain_run / "ckpt.pt", weights_only=True)["model"]["transformer.wte.weight"]
+    wte = trainer.model.transformer.wte.weight.detach()
+    assert wte.shape[0] == saved.shape[0] + 3
+    torch.testing.assert_close(wte[: saved.shape[0]], saved)
+    torch.testing.assert_close(wte[saved.shape[0] :], saved.mean(0, keepdim=True).expand(3, -1))
+    trainer.fit()
+    records = [r for r in read_metrics(run) if "loss" in r]
+    assert records and all(0 < r["trained_tokens"] < 4 * 64 for r in records)
+
+
+def test_chat_run_resumes_to_the_same_losses(tmp_path, chat_data):
+    common = dict(model__dropout=0.1, train__max_iters=8, train__eval_interval=4, train__gradient_accumulation_steps=2)
+    Trainer(chat_config(tmp_path / "whole", chat_data, **common)).fit()
+    Trainer(chat_config(tmp_path / "split", chat_data, **common | {"train__max_iters": 4})).fit()
+    Trainer(chat_config(tmp_path / "split", chat_data, **common | {"train__init_from": "resume"})).fit()
+
+    def losses(run):
+        return [(r["step"], r["loss"], r["trained_tokens"]) for r in read_metrics(run) if "loss" in r]
+
+    assert losses(tmp_path / "split") == losses(tmp_path / "whole")
+
+
+def test_resuming_a_plain_run_on_a_chat_dataset_is_refused(tmp_path, chat_data, plain_run, data_dir):
+    with pytest.raises(UserError, match="holds conversations, but the run in .* was trained on plain text"):
+        Trainer(chat_config(tmp_path / "x", chat_data, train__init_from="resume", train__out_dir=str(plain_run)))
+
+
+def test_a_chat_model_fine_tuned_on_plain_text_is_refused(tmp_path, chat_data, data_dir):
+    chat_run = tmp_path / "chat_run"
+    Trainer(chat_config(chat_run, chat_data, train__max_iters=2, train__eval_interval=2)).fit()
+    with pytest.raises(UserError, match="plain text, but the run in .* was trained on conversations"):
+        Trainer(tiny_config(chat_run, data_dir, train__init_from="resume"))
+    with pytest.raises(UserError, match="does not extend the vocabulary .* with a chat template"):
+        Trainer(tiny_config(tmp_path / "plain", data_dir, train__init_from=str(chat_run)))
