@@ -68,7 +68,7 @@ def test_part_whose_command_outlives_its_budget_is_stopped_and_reported(tmp_path
     with open(tmp_path / "log.txt", "w") as log:
         start = time.monotonic()
         result = run_part("tests", 2, tmp_path, smoke=True, log=log, grace=5)
-    assert time.monotonic() - start < 2 + 5
+    assert time.monotonic() - start < 2 + 5 + 5  # budget, grace, and slack for a busy machine's start-up
     assert result["status"] == "ok"  # the part itself ended in time, with what it could say
     output = (tmp_path / "log.txt").read_text().splitlines()
     assert output[-len(result["output_tail"]) :] == result["output_tail"] and len(result["output_tail"]) > 1
