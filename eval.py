@@ -27,9 +27,9 @@ from pathlib import Path
 
 from data.files import check_output_file, is_json_object_with, write_output
 from errors import UserError, run_cli
-from sample import load_model
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
+from trainer.loading import load_model
 from trainer.runtime import DTYPES, resolve_device, resolve_dtype
 from trainer.tasks import task_specs
 
@@ -88,12 +88,7 @@ def main() -> None:
         check_json_output(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    if args.checkpoint is not None:
-        path = Path(args.checkpoint)
-        model, tokenizer = model_from_checkpoint(load_checkpoint(path), path)
-        source = path
-    else:
-        model, tokenizer, source = load_model(args)
+    model, tokenizer, source = load_model(args.out_dir, args.checkpoint, args.init_from)
     tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size)
     model.to(device=device, dtype=dtype)
     print(f"evaluating {source} on {device.type}", file=sys.stderr)
