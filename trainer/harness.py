@@ -91,7 +91,7 @@ class HarnessModel(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         pairs = [(context, continuation) for _, context, continuation in requests]
         groups = group_pairs(pairs, list(range(len(pairs))), self.max_length)
-        with tqdm(total=len(groups), disable=disable_tqdm, unit="context", desc="scoring") as bar:
+        with tqdm(total=len(pairs), disable=disable_tqdm, unit="request", desc="scoring") as bar:
             scores = score_groups(self.model, groups, self.batch_size, bar)
         return [scores[index] for index in range(len(pairs))]
 
