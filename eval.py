@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 
 from data.files import check_output_file, is_json_object_with, write_output
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
 from trainer.loading import load_model
@@ -35,7 +35,7 @@ from trainer.tasks import task_specs
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_source = parser.add_mutually_exclusive_group()
     model_source.add_argument(
         "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"

@@ -40,11 +40,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from data.files import atomic_open, check_output_file  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.masks import dense_mask, pattern_rule  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 X_AXES = {  # --x: what each choice of horizontal axis measures
@@ -73,7 +73,7 @@ ALL_MIN_SIZE = 7
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     loss = commands.add_parser("loss", help="draw the train and val loss of runs, and print their final values")
     loss.add_argument("runs", nargs="+", help=f"run directories, each holding {METRICS_NAME} and config.toml")
@@ -94,9 +94,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     attention.add_argument("--prompt", required=True, help="text to attend over (at most block_size tokens)")
     attention.add_argument("--out", required=True, help="PNG file to write")
     attention.add_argument("--average", action="store_true", help="one heatmap: the mean over layers and heads")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parser.parse_overrides(override_keys(), argv)
     if args.command != "mask" and overrides:
-        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+        parser.refuse(overrides, args)
     return args, overrides
 
 

@@ -26,6 +26,9 @@ equals the first sample of a run with --seed SEED+i and that prompt alone. A lon
 streamed token by token; a batch is written when it is done. A sample ends at <|endoftext|> (GPT-2
 BPE models) or just before the first --stop string.
 
+Options may also be spelled with underscores, as config keys are (--max_new_tokens); an unknown one
+is named with the nearest known one.
+
 A model trained with an attention pattern samples with it (docs/patterns.md): a
 prefix-LM model reads the prompt as its prefix, in both directions; a sliding-window model keeps a
 rolling cache of its window; a block-causal model draws each block from the complete block before
@@ -43,7 +46,7 @@ import torch
 
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.loading import RUNS_ROOT, load_model
@@ -56,7 +59,7 @@ MAX_TEMPERATURE = 100.0  # logits divided by more than this are all within a few
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt",

@@ -489,6 +489,16 @@ CATALOGUE = [
     Case("bench-json-over-another-file", "bench/decode.py", ["--json", "tiny.toml"], "--json='tiny.toml' already exists and is not the figures of an earlier decode.py"),
     Case("ablation-over-foreign-results", "bench/ablation.py", ["--out-dir", "ablation", "--seeds", "1"], "--out-dir='ablation/results.jsonl' already exists and is not the results.jsonl of an earlier ablation", write_files("ablation/results.jsonl")),
     Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
+    # options: an unknown one is named with the nearest known one, in one line (errors.ArgumentParser)
+    Case("misspelt-sample-option", "sample.py", ["--out-dir", "out/tiny", "--max-tokens", "5"], "error: unrecognized option --max-tokens (did you mean --max-new-tokens?)"),
+    Case("misspelt-underscore-option", "sample.py", ["--out-dir", "out/tiny", "--max_new_token=5"], "error: unrecognized option --max_new_token (did you mean --max-new-tokens?)"),
+    Case("misspelt-required-option", "eval.py", ["--out-dir", "out/tiny", "--taks", "items.jsonl"], "error: unrecognized option --taks (did you mean --tasks?)"),
+    Case("misspelt-plot-option", "plot.py", ["mask", "--sise", "8", "--out", "mask.png"], "error: unrecognized option --sise (did you mean --size?)"),
+    Case("misspelt-prepare-option", "data/prepare.py", ["--datset", "shakespeare_char"], "error: unrecognized option --datset (did you mean --dataset?)"),
+    Case("misspelt-train-option", "train.py", ["--confg", "tiny.toml"], "error: unrecognized option --confg (did you mean --config?)"),
+    Case("config-key-without-its-section", "train.py", [*TRAIN, "--max_iters=5"], "error: unrecognized option --max_iters (did you mean --train.max_iters?)"),
+    Case("option-without-a-match", "plot.py", ["loss", "out/tiny", "--out", "loss.png", "--zoom"], "error: unrecognized option --zoom (see plot.py --help)"),
+    Case("stray-word-for-sample", "sample.py", ["--out-dir", "out/tiny", "ROMEO:"], "error: unexpected argument 'ROMEO:' (see sample.py --help for the options)"),
 ]  # fmt: skip
 
 

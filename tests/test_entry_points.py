@@ -4,11 +4,13 @@
 import json
 import math
 import shutil
+import sys
 import tomllib
 
 import pytest
 import torch
 
+import sample
 from data.prepare import CORPUS_DIR
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
@@ -84,6 +86,13 @@ def test_the_newest_run_is_described_with_its_step_of_max_iters_and_its_last_val
     assert load_model(out_dir="out/half")[2] == (
         "out/half/ckpt.pt (step 10 of 20, interrupted, no metrics.jsonl beside it, so no val loss)"
     )
+
+
+def test_an_option_spelled_with_underscores_is_that_option(monkeypatch):
+    """As config keys are spelled (train.max_iters): --max_new_tokens is --max-new-tokens."""
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--max_new_tokens=7", "--num_samples", "2", "--top-k", "5"])
+    args = sample.parse_args()
+    assert (args.max_new_tokens, args.num_samples, args.top_k) == (7, 2, 5)
 
 
 def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):
