@@ -135,7 +135,7 @@ NOT_RUN = {
     "python bench/val.py out/ablation/*-seed133[78]": ABLATION_RUNS,
     'python bench/ablation.py --out-dir out/qs --seeds 1337 1338 1339 1340 1341 --jobs 1 --only "quickstart (all)"': ABLATION,
     "python bench/val.py out/qs/quickstart-seed1337 out/qs/quickstart-seed1338 out/qs/quickstart-seed1339 out/qs/quickstart-seed1340 out/qs/quickstart-seed1341": ABLATION_RUNS,
-    "python plot.py loss out/ablation/*-seed1337 --out docs/ablation.png": ABLATION_RUNS,
+    "python plot.py loss out/ablation/*-seed1337 --full --out docs/ablation.png": ABLATION_RUNS,
 }
 
 # The Gram form against the direct one (docs/benchmarks.md, Muon on a CPU): 80 timed runs on two
