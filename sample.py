@@ -6,6 +6,10 @@
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
 
+The first line on stderr says what was loaded: for a run, its checkpoint, whether it was picked as
+the newest, its step of train.max_iters (interrupted if it stopped before them) and its last val
+loss.
+
 --export writes the folder of the Hugging Face family that computes the model (GPT-2, Llama, Qwen3,
 StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
