@@ -1,8 +1,11 @@
-"""The one exception type for mistakes a user can fix, and how the entry points report it."""
+"""The one exception type for mistakes a user can fix, and how the entry points report it: in one
+`error:` line, for a command line argparse cannot read too."""
 
+import argparse
+import difflib
 import errno
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 
@@ -14,6 +17,91 @@ class UserError(Exception):
 
 class ConfigError(UserError):
     """A config file or command-line override that cannot be used."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for every entry point (train.py, sample.py, eval.py, plot.py, data/prepare.py and
+    bench/): its complaints are a UserError, so one `error:` line and exit status 2 with no usage
+    text; an option it does not know is named with the nearest it does (`unrecognized option
+    --max-tokens (did you mean --max-new-tokens?)`); and an option spelled with underscores where
+    its name has dashes (`--max_new_tokens`, as config keys are spelled) is that option."""
+
+    def parse_known_args(self, args=None, namespace=None):  # parse_args calls it too
+        self._given = self._dashed(sys.argv[1:] if args is None else list(args))
+        return super().parse_known_args(self._given, namespace)
+
+    def parse_args(self, args=None, namespace=None) -> argparse.Namespace:
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.refuse(extras, parsed)
+        return parsed
+
+    def parse_overrides(self, keys: Iterable[str], args=None) -> tuple[argparse.Namespace, list[str]]:
+        """The options, and the `--section.key=value` overrides left for the config loader; any other
+        option is refused, named with the nearest of this parser's options and keys (the overrides'
+        spellings, `--section.key`)."""
+        parsed, extras = self.parse_known_args(args)
+        unknown = [arg for arg in extras if arg.startswith("--") and "." not in arg.partition("=")[0]]
+        if unknown:
+            self.refuse(unknown, parsed, keys)
+        return parsed, extras
+
+    def refuse(self, extras: list[str], parsed: argparse.Namespace, keys: Iterable[str] = ()) -> NoReturn:
+        """End with one line naming the arguments not understood: each option with the nearest one
+        this parser (and the subcommand chosen) or keys take; a bare word only if no option is among
+        them (after an unknown option it is that option's value)."""
+        known = [*self._known_options(parsed), *keys]
+        options = [arg.partition("=")[0] for arg in extras if arg.startswith("-")]
+        if not options:
+            raise UserError(f"unexpected argument {extras[0]!r} (see {self.prog} --help for the options)")
+        named, suggested = [], False
+        for option in options:
+            close = difflib.get_close_matches(option.replace("_", "-"), known, n=1) or difflib.get_close_matches(
+                option, known, n=1
+            )
+            named.append(option + (f" (did you mean {close[0]}?)" if close else ""))
+            suggested = suggested or bool(close)
+        plural = "s" if len(named) > 1 else ""
+        see = "" if suggested else f" (see {self.prog} --help)"
+        raise UserError(f"unrecognized option{plural} {', '.join(named)}{see}")
+
+    def error(self, message: str) -> NoReturn:
+        # a required option "missing" because it was misspelt (--datset): name the misspelling instead
+        if message.startswith("the following arguments are required") and self._subparsers is None:
+            unknown = [arg for arg in self._given if self._is_unknown_option(arg)]
+            if unknown:
+                self.refuse(unknown, argparse.Namespace())
+        raise UserError(message)
+
+    def _is_unknown_option(self, arg: str) -> bool:
+        """An --option this parser takes neither whole nor abbreviated, nor a --section.key override."""
+        name = arg.partition("=")[0]
+        if not name.startswith("--") or "." in name or name in self._option_string_actions:
+            return False
+        return not (self.allow_abbrev and any(option.startswith(name) for option in self._option_string_actions))
+
+    def _dashed(self, args: list[str]) -> list[str]:
+        """args with each --name_with_underscores that is not an option but whose dashed spelling
+        is, in that spelling; nothing after `--`, which ends the options."""
+        result = list(args)
+        for i, arg in enumerate(args):
+            if arg == "--":
+                break
+            name, equals, value = arg.partition("=")
+            dashed = "--" + name[2:].replace("_", "-")
+            known = self._option_string_actions
+            if arg.startswith("--") and name not in known and dashed in known:
+                result[i] = dashed + equals + value
+        return result
+
+    def _known_options(self, parsed: argparse.Namespace) -> list[str]:
+        options = list(self._option_string_actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(parsed, action.dest, None))
+                if isinstance(chosen, ArgumentParser):
+                    options += chosen._known_options(parsed)
+        return options
 
 
 def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sys.exit) -> NoReturn:

@@ -31,16 +31,16 @@ import sys
 from pathlib import Path
 
 from data.files import check_output_file, is_json_object_with, write_output
-from errors import UserError, run_cli
-from sample import load_model
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint
+from errors import ArgumentParser, UserError, run_cli
+from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.evaluate import evaluate_task, load_tasks, results_json, summary_lines
+from trainer.loading import load_model
 from trainer.runtime import DTYPES, resolve_device, resolve_dtype
 from trainer.tasks import task_specs
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     model_source = parser.add_mutually_exclusive_group()
     model_source.add_argument(
         "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"
@@ -103,12 +103,7 @@ def main() -> None:
         check_json_output(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    if args.checkpoint is not None:
-        path = Path(args.checkpoint)
-        model, tokenizer = model_from_checkpoint(load_checkpoint(path), path)
-        source = path
-    else:
-        model, tokenizer, source = load_model(args)
+    model, tokenizer, source = load_model(args.out_dir, args.checkpoint, args.init_from)
     tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size, args.max_new_tokens)
     model.to(device=device, dtype=dtype)
     print(f"evaluating {source} on {device.type}", file=sys.stderr)

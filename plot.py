@@ -2,6 +2,7 @@
 
     python plot.py loss out/run_a out/run_b --out loss.png            # against optimizer steps
     python plot.py loss out/run_a out/run_b --x tokens --out loss.png  # or tokens, or wall time (--x time)
+    python plot.py loss out/run_a out/run_b --ylim 1.4 1.6 --out loss.png  # the loss panels' y range
     python plot.py mask --config configs/shakespeare_char.toml --model.attn_window=8 --out mask.png
     python plot.py mask --all --size 24 --out patterns.png     # every attention pattern side by side
     python plot.py attention --out-dir out/shakespeare_char --prompt "ROMEO: " --out attention.png
@@ -12,7 +13,11 @@ evaluations against steps, tokens trained on or wall time, and prints a table of
 evaluation: val loss, bits per byte and wall time. Runs that scored [eval] tasks get a panel for
 each task's acc and one for the centred mean (eval.py's figures); a centred mean is the mean over
 one set of tasks, so where a run's set changes (an older run resumed with other [eval] tasks) its
-line breaks, and a note names the step. Every run has a colour and line
+line breaks, and a note names the step. The loss panels' y range fits the losses logged after the
+first fifth of the longest run's steps (the end of training, where runs are compared; step 0's
+loss, several times the final one, would flatten every difference), with a margin of 5%, and the
+picture's title says so; --from-step STEP fits it to the steps from STEP on instead, --full to every
+step, and --ylim LOW HIGH sets it. Every run has a colour and line
 style of its own, the same in every panel, for any number of runs; one legend below the panels
 names them, outside every panel, so it never hides a curve.
 
@@ -28,6 +33,7 @@ as heatmaps labelled with the prompt's tokens.
 
 import argparse
 import dataclasses
+import math
 import sys
 from pathlib import Path
 
@@ -40,11 +46,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from data.files import atomic_open, check_output_file  # noqa: E402
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.masks import dense_mask, pattern_rule  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 X_AXES = {  # --x: what each choice of horizontal axis measures
@@ -56,6 +62,11 @@ CENTRED_MEAN = "eval/centred_mean"
 PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
 LINE_STYLES = ["-", "--", ":", "-."]
 PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
+# By default the loss panels' y range fits the steps after this share of the longest run: on the
+# quickstart the loss falls from 4.2 to about 1.7 in its first fifth and then by 0.2 more, so the
+# full range would draw runs 0.02 apart as one line
+LOSS_FOCUS = 0.2
+Y_MARGIN = 0.05  # of the fitted span, above and below, so no curve runs along the frame
 LEGEND_ROW_HEIGHT = 0.22  # inches, one row of names at fontsize 8
 ALLOWED, BLOCKED = "#1f4e79", "#eef2f7"
 PLAIN_CAUSAL = {
@@ -73,12 +84,24 @@ ALL_MIN_SIZE = 7
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     loss = commands.add_parser("loss", help="draw the train and val loss of runs, and print their final values")
     loss.add_argument("runs", nargs="+", help=f"run directories, each holding {METRICS_NAME} and config.toml")
     loss.add_argument("--out", required=True, help="PNG file to write")
     loss.add_argument("--x", choices=X_AXES, default="steps", help="horizontal axis (default: steps)")
+    y_range = loss.add_mutually_exclusive_group()
+    y_range.add_argument(
+        "--from-step",
+        type=int,
+        metavar="STEP",
+        help=f"fit the loss panels' y range to the losses logged from STEP on (default: after the first "
+        f"{LOSS_FOCUS * 100:.0f}%% of the longest run's steps)",
+    )
+    y_range.add_argument("--full", action="store_true", help="fit the loss panels' y range to every step, 0 included")
+    y_range.add_argument(
+        "--ylim", nargs=2, type=float, metavar=("LOW", "HIGH"), help="the loss panels' y range, LOW below HIGH"
+    )
     mask = commands.add_parser("mask", help="draw the attention mask of a config (overrides: --model.key=value)")
     mask.add_argument("--config", help="TOML config file (default: the config defaults)")
     mask.add_argument("--out", required=True, help="PNG file to write")
@@ -94,9 +117,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     attention.add_argument("--prompt", required=True, help="text to attend over (at most block_size tokens)")
     attention.add_argument("--out", required=True, help="PNG file to write")
     attention.add_argument("--average", action="store_true", help="one heatmap: the mean over layers and heads")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parser.parse_overrides(override_keys(), argv)
     if args.command != "mask" and overrides:
-        parser.error(f"unrecognized arguments: {' '.join(overrides)}")
+        parser.refuse(overrides, args)
+    if args.command == "loss":
+        check_y_range(args)
     return args, overrides
 
 
@@ -174,6 +199,52 @@ def task_changes(records: list[dict]) -> list[int]:
     return [i for i in range(1, len(records)) if scored_tasks(records[i]) != scored_tasks(records[i - 1])]
 
 
+def check_y_range(args: argparse.Namespace) -> None:
+    if args.from_step is not None and args.from_step < 0:
+        raise UserError(f"--from-step={args.from_step} is not allowed (use a step, 0 or more)")
+    if args.ylim is not None:
+        low, high = args.ylim
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise UserError(f"--ylim {low:g} {high:g} is not a range (give two finite numbers, the lower first)")
+
+
+def focus_step(runs: list[Run]) -> int:
+    """The default --from-step: past the first LOSS_FOCUS of the longest run's steps."""
+    last = max((record["step"] for run in runs for record in run.records), default=0)
+    return math.ceil(LOSS_FOCUS * last)
+
+
+def loss_range(runs: list[Run], from_step: int) -> tuple[float, float] | None:
+    """From the lowest to the highest train or val loss the runs logged from from_step on, widened by
+    Y_MARGIN of that span each way; None (Matplotlib's own range) when they hold no two values."""
+    losses = [
+        record[key]
+        for run in runs
+        for record in run.records
+        if record["step"] >= from_step
+        for key in ("loss", "val_loss")
+        if key in record and math.isfinite(record[key])
+    ]
+    if not losses or min(losses) == max(losses):
+        return None
+    margin = Y_MARGIN * (max(losses) - min(losses))
+    return min(losses) - margin, max(losses) + margin
+
+
+def y_range(args: argparse.Namespace, runs: list[Run]) -> tuple[tuple[float, float] | None, str]:
+    """The loss panels' y range (None: Matplotlib's, over every value) and the heading that says how
+    it was chosen."""
+    if args.ylim is not None:
+        return tuple(args.ylim), f"loss from {args.ylim[0]:g} to {args.ylim[1]:g} (--ylim)"
+    if args.full:
+        return None, ""
+    start = args.from_step if args.from_step is not None else focus_step(runs)
+    limits = loss_range(runs, start)
+    if limits is None:
+        return None, ""
+    return limits, f"loss range fitted to steps {start:,} and later (--full: every step)"
+
+
 def plot_loss(args: argparse.Namespace) -> None:
     runs = [Run.read(directory) for directory in args.runs]
     for run in runs:
@@ -182,7 +253,7 @@ def plot_loss(args: argparse.Namespace) -> None:
                 f"note: run {run.name} scored other [eval] tasks from step {step}: its centred_mean line breaks there",
                 file=sys.stderr,
             )
-    save(loss_figure(runs, args.x), args.out)
+    save(loss_figure(runs, args.x, *y_range(args, runs)), args.out)
     print_table(["run", "step", "val loss", "val bpb", "wall time (s)"], [run.summary() for run in runs])
 
 
@@ -198,9 +269,10 @@ def run_styles(count: int) -> list[dict]:
     return [{"color": colours[i % len(colours)], "linestyle": LINE_STYLES[i // len(colours)]} for i in range(count)]
 
 
-def loss_figure(runs: list[Run], x: str) -> plt.Figure:
+def loss_figure(runs: list[Run], x: str, ylim: tuple[float, float] | None = None, heading: str = "") -> plt.Figure:
     """The train loss, the val loss and each [eval] figure in a panel of its own, at most three a row;
-    each run keeps its colour and line style in every panel, and one legend below the panels names them."""
+    each run keeps its colour and line style in every panel, and one legend below the panels names them.
+    ylim: the loss panels' y range (None: Matplotlib's); heading: above the panels."""
     figures = downstream_keys(runs)
     panels = 2 + len(figures)
     rows = -(-panels // 3)
@@ -228,6 +300,10 @@ def loss_figure(runs: list[Run], x: str) -> plt.Figure:
         ax.set_xlabel(X_AXES[x])
         ax.grid(alpha=0.3)
     train_ax.set_ylabel("cross-entropy (nats per token)")
+    if ylim is not None:
+        train_ax.set_ylim(ylim)  # the val panel shares it
+    if heading:
+        fig.suptitle(heading, fontsize=9)
     for ax, key in zip(eval_axes, figures, strict=True):
         ax.set_ylabel("centred mean (0 = chance)" if key == CENTRED_MEAN else "accuracy")
     handles = train_ax.get_lines()  # one per run, in the runs' order

@@ -6,6 +6,10 @@
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
 
+The first line on stderr says what was loaded: for a run, its checkpoint, whether it was picked as
+the newest, its step of train.max_iters (interrupted if it stopped before them) and its last val
+loss.
+
 --export writes the folder of the Hugging Face family that computes the model (GPT-2, Llama, Qwen3,
 StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
@@ -26,6 +30,9 @@ equals the first sample of a run with --seed SEED+i and that prompt alone. A lon
 streamed token by token; a batch is written when it is done. A sample ends at <|endoftext|> (GPT-2
 BPE models) or just before the first --stop string.
 
+Options may also be spelled with underscores, as config keys are (--max_new_tokens); an unknown one
+is named with the nearest known one.
+
 A model trained with an attention pattern samples with it (docs/patterns.md): a
 prefix-LM model reads the prompt as its prefix, in both directions; a sliding-window model keeps a
 rolling cache of its window; a block-causal model draws each block from the complete block before
@@ -43,20 +50,20 @@ import torch
 
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
-from errors import UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
-from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
-from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
+from trainer.checkpoint import CHECKPOINT_NAME
+from trainer.loading import RUNS_ROOT, load_model
+from trainer.pretrained import check_export_folder, export_model
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
-RUNS_ROOT = Path("out")
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
 SEEDS = 2**64  # a torch generator takes seeds 0 .. 2**64 - 1
 MAX_TEMPERATURE = 100.0  # logits divided by more than this are all within a few hundredths: uniform noise
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt",
@@ -176,15 +183,6 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     return prompts
 
 
-def load_model(args: argparse.Namespace) -> tuple[GPT, Tokenizer, Path]:
-    if args.init_from is not None:
-        return model_from_pretrained(args.init_from, key="--init-from")
-    run_dir = Path(args.out_dir) if args.out_dir else latest_run(RUNS_ROOT)
-    checkpoint_path = run_dir / CHECKPOINT_NAME
-    model, tokenizer = model_from_checkpoint(load_checkpoint(checkpoint_path), checkpoint_path)
-    return model, tokenizer, checkpoint_path
-
-
 def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
     """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
     in float32 (see model/packed_linear.py). Returns how the matrix products run, for the start-up
@@ -240,7 +238,7 @@ def main() -> None:
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.export is not None:
         check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
-    model, tokenizer, source = load_model(args)
+    model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
     if args.export is not None:
         family = export_model(model, tokenizer, Path(args.export))
         print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from data.prepare import ensure_prepared
-from errors import UserError, run_cli
-from trainer.config import config_help, load_config
+from errors import ArgumentParser, UserError, run_cli
+from trainer.config import config_help, load_config, override_keys
 from trainer.distributed import World
 from trainer.loop import Trainer
 
@@ -41,14 +41,14 @@ def no_config_message() -> str:
 
 
 def main() -> NoReturn:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         description=__doc__,
         epilog="config keys (section.key, type, default, meaning):\n" + config_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     parser.add_argument("--config", help="TOML config file (see configs/); required")
-    args, overrides = parser.parse_known_args()
+    args, overrides = parser.parse_overrides(override_keys())
     if args.config is None:
         raise UserError(no_config_message())
     cfg = load_config(args.config, overrides)

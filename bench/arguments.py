@@ -5,9 +5,9 @@ Each option says what it accepts when it is declared: a count of 1 or more (step
 budget), a device this machine has (checked as train.device is). A mistake ends the script with
 one line, `error: --steps=0 is not allowed (use 1 or more)`, and exit status 2 through run_cli, as
 for train.py and sample.py; so do argparse's own complaints (a missing option, a word where a
-number belongs), which would otherwise print the usage first. A JSON file a script writes its
-figures to is checked here too, by data/files.py's rule for every output: new, or an earlier output
-of the same script, never another file.
+number belongs, an unknown option with the nearest known one), through errors.ArgumentParser. A
+JSON file a script writes its figures to is checked here too, by data/files.py's rule for every
+output: new, or an earlier output of the same script, never another file.
 """
 
 import argparse
@@ -17,11 +17,11 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from data.files import check_output_file, is_json_object_with, write_output
-from errors import UserError
+from errors import ArgumentParser, UserError
 from trainer.runtime import resolve_device
 
 
-class BenchArguments(argparse.ArgumentParser):
+class BenchArguments(ArgumentParser):
     """argparse with checked counts, amounts and a device (see the module's docstring)."""
 
     def __init__(self, description: str):
@@ -70,9 +70,6 @@ class BenchArguments(argparse.ArgumentParser):
                 earlier = lambda p, keys=keys: is_json_object_with(p, keys)  # noqa: E731
                 check_output_file(path, action.option_strings[0], earlier, f"the figures of an earlier {self.prog}")
         return parsed, extras
-
-    def error(self, message: str):
-        raise UserError(message)
 
 
 def write_json(path: Path, value: dict | list) -> None:

@@ -35,7 +35,7 @@ from bench.arguments import BenchArguments  # noqa: E402
 from bench.train import run_parts, timed, total_seconds  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
-from trainer.config import TrainConfig, load_config  # noqa: E402
+from trainer.config import TrainConfig, load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     # two rounds at least: a median of one block per run would be one sample of a drifting machine
     parser.add_count("--rounds", minimum=2, default=20, help="rounds, each run's block once per round (default: 20)")
     parser.add_count("--block", default=10, help="optimizer steps per timed block (default: 10)")
-    args, overrides = parser.parse_known_args()  # --section.key=value, for the candidate
+    args, overrides = parser.parse_overrides(override_keys())  # --section.key=value, for the candidate
     with tempfile.TemporaryDirectory() as scratch:
         runs = {}
         for name in ("reference", "candidate"):

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
-from trainer.config import load_config  # noqa: E402
+from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 from trainer.runtime import auto_threads, idle_cores, usable_cores  # noqa: E402
 
@@ -49,7 +49,7 @@ def main() -> None:
         help="busy-loop processes to run beside it (default: 0, 1, one per usable core)",
     )
     parser.add_amount("--load-seconds", default=900.0, help="the longest a busy loop lives (default: 900)")
-    args, overrides = parser.parse_known_args()
+    args, overrides = parser.parse_overrides(override_keys())
     loads = args.loads if args.loads is not None else sorted({0, 1, usable_cores()})
     with tempfile.TemporaryDirectory() as scratch:
         # explicit threads: the policy is what is measured, not what builds the trainer

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments, write_json  # noqa: E402
 from data.prepare import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from trainer.config import Config, TrainConfig, load_config  # noqa: E402
+from trainer.config import Config, TrainConfig, load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 from trainer.metrics import flops_per_token, total_peak_flops  # noqa: E402
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_count("--batch-sizes", nargs="+", metavar="N", help="time the largest of these batch sizes that fits")
     recognised_by = ("tokens_per_sec", "step_seconds", "checkpoint_seconds")  # keys of an earlier --json of this script
     parser.add_json_output("--json", recognised_by, help="also write the figures to this JSON file")
-    args, overrides = parser.parse_known_args()
+    args, overrides = parser.parse_overrides(override_keys())
     with tempfile.TemporaryDirectory() as scratch:
         cfg = load_config(args.config, [*overrides, f"--train.out_dir={scratch}/run"])
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)

@@ -94,7 +94,7 @@ from data.tokenizer import (  # noqa: E402
     tokenizer_from_meta,
     train_bpe,
 )
-from errors import UserError, run_cli  # noqa: E402
+from errors import ArgumentParser, UserError, run_cli  # noqa: E402
 
 CORPUS_DIR = Path(__file__).parent
 # bundled dataset name -> (corpus file beside this script, tokenizer)
@@ -659,7 +659,7 @@ def default_folder(args: argparse.Namespace) -> str:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
         "--dataset",
         required=True,

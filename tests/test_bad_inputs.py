@@ -546,6 +546,16 @@ CATALOGUE = [
     Case("chat-template-not-jinja", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "the chat template is not valid jinja", chat_model_folder("{% for message in %}")),
     Case("chat-model-folder-without-template", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)", lambda w: (chat_model_folder("")(w), (w / "chatmodel" / "tokenizer_config.json").write_text("{}"))),
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
+    # options: an unknown one is named with the nearest known one, in one line (errors.ArgumentParser)
+    Case("misspelt-sample-option", "sample.py", ["--out-dir", "out/tiny", "--max-tokens", "5"], "error: unrecognized option --max-tokens (did you mean --max-new-tokens?)"),
+    Case("misspelt-underscore-option", "sample.py", ["--out-dir", "out/tiny", "--max_new_token=5"], "error: unrecognized option --max_new_token (did you mean --max-new-tokens?)"),
+    Case("misspelt-required-option", "eval.py", ["--out-dir", "out/tiny", "--taks", "items.jsonl"], "error: unrecognized option --taks (did you mean --tasks?)"),
+    Case("misspelt-plot-option", "plot.py", ["mask", "--sise", "8", "--out", "mask.png"], "error: unrecognized option --sise (did you mean --size?)"),
+    Case("misspelt-prepare-option", "data/prepare.py", ["--datset", "shakespeare_char"], "error: unrecognized option --datset (did you mean --dataset?)"),
+    Case("misspelt-train-option", "train.py", ["--confg", "tiny.toml"], "error: unrecognized option --confg (did you mean --config?)"),
+    Case("config-key-without-its-section", "train.py", [*TRAIN, "--max_iters=5"], "error: unrecognized option --max_iters (did you mean --train.max_iters?)"),
+    Case("option-without-a-match", "plot.py", ["loss", "out/tiny", "--out", "loss.png", "--zoom"], "error: unrecognized option --zoom (see plot.py --help)"),
+    Case("stray-word-for-sample", "sample.py", ["--out-dir", "out/tiny", "ROMEO:"], "error: unexpected argument 'ROMEO:' (see sample.py --help for the options)"),
 ]  # fmt: skip
 
 

@@ -88,6 +88,7 @@ EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even w
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
 NOT_RUN = {
     # setting up
+    "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": "installs packages from the network",
     'pip install -e ".[test]"': "installs packages from the network (.ci/run runs it before the tests)",
     "python -m pytest": "the test suite itself",
@@ -137,7 +138,7 @@ NOT_RUN = {
     "python bench/val.py out/ablation/*-seed133[78]": ABLATION_RUNS,
     'python bench/ablation.py --out-dir out/qs --seeds 1337 1338 1339 1340 1341 --jobs 1 --only "quickstart (all)"': ABLATION,
     "python bench/val.py out/qs/quickstart-seed1337 out/qs/quickstart-seed1338 out/qs/quickstart-seed1339 out/qs/quickstart-seed1340 out/qs/quickstart-seed1341": ABLATION_RUNS,
-    "python plot.py loss out/ablation/*-seed1337 --out docs/ablation.png": ABLATION_RUNS,
+    "python plot.py loss out/ablation/*-seed1337 --full --out docs/ablation.png": ABLATION_RUNS,
 }
 
 # The Gram form against the direct one (docs/benchmarks.md, Muon on a CPU): 80 timed runs on two
@@ -478,6 +479,26 @@ def test_anchors_follow_githubs_rule(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Sliding window: `attn_window = W`\n## Data\n## Data\n    # not a heading\n")
     assert anchors(page) == {"sliding-window-attn_window--w", "data", "data-1"}
+
+
+def quoted_figures(text: str) -> list[str]:
+    """The numbers between each `<!-- quoted figures` mark and the `<!-- end of quoted figures -->`
+    after it (the marks' own words aside): 94.84, 1,825, 1337."""
+    spans = re.findall(r"<!-- quoted figures.*?-->(.*?)<!-- end of quoted figures -->", text, flags=re.DOTALL)
+    return [number for span in spans for number in re.findall(r"\d+(?:[.,]\d+)*", span)]
+
+
+def test_every_figure_the_readme_quotes_is_in_the_benchmark_records():
+    """The README's headline figures are copied from the benchmark pages, digit for digit, so that
+    they cannot drift from the measurements (a number is found there only whole: 1.56 is not in 1.5619)."""
+    records = "\n".join(
+        (PROJECT_ROOT / "docs" / name).read_text(encoding="utf-8")
+        for name in ("benchmarks.md", "benchmarks-history.md")
+    )
+    quoted = quoted_figures(README.read_text(encoding="utf-8"))
+    assert len(quoted) >= 10
+    missing = [n for n in quoted if not re.search(rf"(?<![\d.,]){re.escape(n)}(?![\d]|[.,]\d)", records)]
+    assert not missing, f"README quotes figures that docs/benchmarks*.md do not hold: {missing}"
 
 
 def test_readme_stays_under_15_kb():

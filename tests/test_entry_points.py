@@ -4,16 +4,19 @@
 import json
 import math
 import shutil
+import sys
 import tomllib
 
 import pytest
 import torch
 
+import sample
 from data.prepare import CORPUS_DIR
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import config_to_toml
+from trainer.loading import load_model
 from trainer.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -57,9 +60,39 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("ROMEO:")
     assert len(result.stdout) == len("ROMEO:") + 100 + 1  # 100 characters past a 32-token context, then a newline
-    assert "out/tiny/ckpt.pt" in result.stderr
+    val_loss = [r["val_loss"] for r in map(json.loads, (workdir / "out/tiny/metrics.jsonl").open()) if "val_loss" in r]
+    described = f"out/tiny/ckpt.pt (the newest run under out/; step 20 of 20, val loss {val_loss[-1]:.4f} at step 20)"
+    assert f"sampling from {described} on cpu" in result.stderr
     if packing_unavailable(torch.device("cpu"), torch.float32) is None:
         assert "on cpu, linear layers packed for oneDNN" in result.stderr
+
+
+def test_the_newest_run_is_described_with_its_step_of_max_iters_and_its_last_val_loss(trained, monkeypatch):
+    """sample.py and eval.py say which run they picked; one stopped at step 10 of 20 is interrupted,
+    and its val loss is the one recorded at its step, not the run's later ones."""
+    workdir, _ = trained
+    root = workdir / "described"
+    shutil.copytree(workdir / "out" / "tiny", root / "out" / "half")
+    state = load_checkpoint(root / "out" / "half" / "ckpt.pt")
+    save_checkpoint(state | {"step": 10}, root / "out" / "half" / "ckpt.pt")
+    records = [json.loads(line) for line in (root / "out" / "half" / "metrics.jsonl").open()]
+    at_10 = next(r["val_loss"] for r in records if r.get("val_loss") is not None and r["step"] == 10)
+    monkeypatch.chdir(root)
+    _, _, described = load_model()
+    assert described == (
+        f"out/half/ckpt.pt (the newest run under out/; step 10 of 20, interrupted, val loss {at_10:.4f} at step 10)"
+    )
+    (root / "out" / "half" / "metrics.jsonl").unlink()
+    assert load_model(out_dir="out/half")[2] == (
+        "out/half/ckpt.pt (step 10 of 20, interrupted, no metrics.jsonl beside it, so no val loss)"
+    )
+
+
+def test_an_option_spelled_with_underscores_is_that_option(monkeypatch):
+    """As config keys are spelled (train.max_iters): --max_new_tokens is --max-new-tokens."""
+    monkeypatch.setattr(sys, "argv", ["sample.py", "--max_new_tokens=7", "--num_samples", "2", "--top-k", "5"])
+    args = sample.parse_args()
+    assert (args.max_new_tokens, args.num_samples, args.top_k) == (7, 2, 5)
 
 
 def test_greedy_sampling_is_the_same_with_and_without_the_cache(trained):

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import trainer.evaluate as evaluate_module
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import UserError
 from plot import Run, loss_figure
@@ -68,6 +69,24 @@ def test_shared_context_batches_score_each_ending_as_alone(block_size, pattern, 
     scored = score_items(model, tokenizer, items, batch_size)
     for item_scores, item_expected in zip(scored, expected, strict=True):
         assert [score for score, _ in item_scores] == pytest.approx(item_expected, abs=1e-4)
+
+
+def test_the_progress_bar_counts_the_items_of_a_task(monkeypatch):
+    """Its total is the task's items, not the groups that truncation cuts them into, and it ends full."""
+    bars = []
+
+    class RecordedBar(evaluate_module.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(evaluate_module, "tqdm", RecordedBar)
+    tokenizer = shakespeare_chars()
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)  # cuts contexts, each ending's its own way
+    items = load_task(str(TASKS / "next_line.jsonl"), limit=6).items
+    assert len(evaluate_module.encode_items(tokenizer, items, 64)) > len(items)
+    score_items(model, tokenizer, items, batch_size=3, progress="next_line")
+    assert [(bar.total, bar.n, bar.unit) for bar in bars] == [(6, 6, "item")]
 
 
 def test_trailing_context_spaces_move_to_the_continuation():

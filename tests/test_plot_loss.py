@@ -9,8 +9,9 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.colors import to_rgba
 
+import plot
 from plot import Run, loss_figure, main, run_styles
-from tests.conftest import run_script, tiny_config
+from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.loop import Trainer
 
 
@@ -133,3 +134,57 @@ def test_a_centred_mean_over_other_tasks_is_not_joined_to_the_line_before(two_ru
     assert centred_ax.get_title() == "[eval] centred_mean"
     xs, ys = centred_ax.get_lines()[0].get_data()
     assert list(xs[:2]) == [0, 5] and list(xs[3:]) == [10, 15] and math.isnan(ys[2])
+
+
+def write_recipe_runs(root, gap: float = 0.02) -> list[str]:
+    """Two runs of 1,000 steps whose losses fall as the quickstart's do (4.2 at step 0, 1.5 at the
+    end) and differ by gap throughout: two recipes to compare."""
+    directories = []
+    for number in range(2):
+        run = root / f"recipe_{number}"
+        run.mkdir(parents=True)
+        (run / "config.toml").write_text(tiny_toml(out_dir=run, data_dir=root))
+        records = []
+        for step in range(0, 1001, 10):
+            loss = 1.5 + 2.7 * math.exp(-step / 60) + gap * number
+            record = {"step": step, "loss": loss + 0.01 * math.sin(step)}
+            if step % 100 == 0:
+                record["val_loss"] = loss + 0.03
+            records.append(record)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+        directories.append(str(run))
+    return directories
+
+
+def drawn_loss_range(monkeypatch, tmp_path, *options) -> tuple[tuple[float, float], str]:
+    """The y range of the train and val panels of plot.py loss on the two recipe runs, and the title."""
+    figures = []
+    monkeypatch.setattr(plot, "save", lambda fig, out: figures.append(fig))
+    main(["loss", *write_recipe_runs(tmp_path), "--out", str(tmp_path / "loss.png"), *options])
+    train_ax, val_ax = figures[0].axes[:2]
+    assert val_ax.get_ylim() == train_ax.get_ylim()
+    title = figures[0]._suptitle.get_text() if figures[0]._suptitle else ""
+    plt.close(figures[0])
+    return train_ax.get_ylim(), title
+
+
+def test_by_default_the_loss_range_shows_runs_002_apart_at_the_end_of_training(monkeypatch, tmp_path, capsys):
+    """Step 0's loss (4.2) used to set the range, so recipes 0.02 apart drew as one line: the range
+    fits the losses after the first fifth of the steps, with a margin, and the title says so."""
+    (low, high), title = drawn_loss_range(monkeypatch, tmp_path)
+    assert 0.02 / (high - low) > 0.05  # the gap is at least a twentieth of the panel's height
+    final = [1.5 + 2.7 * math.exp(-1000 / 60) + gap for gap in (0, 0.02, 0.03, 0.05)]  # train, val of both
+    assert low < min(final) - 0.005 and high > 1.5 + 2.7 * math.exp(-200 / 60) + 0.05  # every loss from step 200
+    assert title == "loss range fitted to steps 200 and later (--full: every step)"
+
+
+def test_the_loss_range_can_show_every_step_start_at_a_step_or_be_given(monkeypatch, tmp_path):
+    (low, high), title = drawn_loss_range(monkeypatch, tmp_path / "full", "--full")
+    assert low < 1.5 and high > 4.2 + 0.02 and title == ""  # step 0 included: Matplotlib's own range
+    (low, high), _ = drawn_loss_range(monkeypatch, tmp_path / "from", "--from-step", "500")
+    fitted = [1.5 + 2.7 * math.exp(-500 / 60) + 0.05, 1.5 + 2.7 * math.exp(-1000 / 60)]
+    assert low < fitted[1] and high > fitted[0] and high - low < 1.5 * (fitted[0] - fitted[1]) + 0.02
+    assert drawn_loss_range(monkeypatch, tmp_path / "given", "--ylim", "1.4", "1.6") == (
+        (1.4, 1.6),
+        "loss from 1.4 to 1.6 (--ylim)",
+    )

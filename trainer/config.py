@@ -548,6 +548,11 @@ def field_comments(cls: type) -> dict[str, str]:
     return comments
 
 
+def override_keys() -> list[str]:
+    """Every key as a command-line override spells it, `--section.key`, for "did you mean"."""
+    return [f"--{section}.{f.name}" for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
 def config_help() -> str:
     """Every config key with its type, default and meaning, for --help."""
     lines = []

@@ -37,6 +37,7 @@ longer half and the shorter, each padded to its own longest.
 """
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -267,20 +268,25 @@ def score_groups(
     bar: tqdm | None = None,
     name: Callable[[object], str] = lambda key: f"continuation {key}",
     stop: StopCheck = None,
+    item: Callable[[object], object] = lambda key: key,
 ) -> dict:
     """key -> (summed log-likelihood, greedy) of every continuation of the groups; bar, if given,
-    advances by one for each group scored. A score that is not finite is a UserError naming its
-    key's continuation (name(key))."""
+    advances by one for each item all of whose continuations are scored (item(key): the item a
+    continuation belongs to, by default itself; one item's continuations may lie in several groups,
+    when truncation gives them different contexts). A score that is not finite is a UserError naming
+    its key's continuation (name(key))."""
     config = model.config
     scores = {}
+    unscored = Counter(item(key) for group in groups for key in group.keys)  # continuations left per item
     for batch in batches(groups, config.block_size, batch_size, config.vocab_size):
         keys = [key for group in batch for key in group.keys]
         batch_scores = score_batch(model, batch)
         for key, (score, _) in zip(keys, batch_scores, strict=True):
             _check_finite(score, name(key))
         scores |= dict(zip(keys, batch_scores, strict=True))
+        unscored.subtract(item(key) for key in keys)
         if bar is not None:
-            bar.update(len(batch))
+            bar.update(sum(unscored[done] == 0 for done in {item(key) for key in keys}))
         _after_batch(stop)
     return scores
 
@@ -300,8 +306,8 @@ def score_items(
     def name(key: tuple[int, int]) -> str:
         return f"{items[key[0]].where}: continuation {key[1]} ({items[key[0]].continuations[key[1]]!r:.40})"
 
-    with tqdm(total=len(groups), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
-        scores = score_groups(model, groups, batch_size, bar, name, stop)
+    with tqdm(total=len(items), desc=progress, unit="item", disable=progress is None, leave=False) as bar:
+        scores = score_groups(model, groups, batch_size, bar, name, stop, item=lambda key: key[0])
     return [[scores[i, n] for n in range(len(item.continuations))] for i, item in enumerate(items)]
 
 

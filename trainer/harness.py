@@ -23,7 +23,6 @@ Imported only here: lm-eval is an optional extra, not a dependency of the rest o
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import lm_eval.models  # noqa: F401  the harness's own models first: it loads them only into an empty registry
 import torch
@@ -35,8 +34,8 @@ from tqdm import tqdm
 
 from errors import run_cli
 from model import generate, left_pad
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.evaluate import group_pairs, score_groups
+from trainer.loading import load_model
 from trainer.runtime import resolve_device, resolve_dtype
 
 MODEL_NAME = "gpt-trainer"
@@ -55,12 +54,7 @@ class HarnessModel(TemplateLM):
         **unused,
     ):
         super().__init__()
-        if checkpoint is not None:
-            self.model, self.tokenizer = model_from_checkpoint(load_checkpoint(Path(checkpoint)), Path(checkpoint))
-        else:
-            from sample import load_model  # the one loader of runs and Hugging Face folders
-
-            self.model, self.tokenizer, _ = load_model(SimpleNamespace(out_dir=out_dir, init_from=init_from))
+        self.model, self.tokenizer, _ = load_model(out_dir, checkpoint, init_from)
         if (device or "").startswith("cuda") and not torch.cuda.is_available():
             # the harness's command line passes cuda:0 unless told otherwise, and its own models fall back too
             print(f"device={device!r} but this machine has no CUDA GPU: scoring on the CPU", file=sys.stderr)
@@ -97,7 +91,7 @@ class HarnessModel(TemplateLM):
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         pairs = [(context, continuation) for _, context, continuation in requests]
         groups = group_pairs(pairs, list(range(len(pairs))), self.max_length)
-        with tqdm(total=len(groups), disable=disable_tqdm, unit="context", desc="scoring") as bar:
+        with tqdm(total=len(pairs), disable=disable_tqdm, unit="request", desc="scoring") as bar:
             scores = score_groups(self.model, groups, self.batch_size, bar)
         return [scores[index] for index in range(len(pairs))]
 
