@@ -279,3 +279,19 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
         f.write((json.dumps(config, indent=2) + "\n").encode("utf-8"))
     return family.model_type
 
+
+
+def export_run_adapter(source: str | Path, directory: Path) -> str:
+    """sample.py --export-adapter: write the adapters of the run in source (a run directory or its
+    ckpt.pt) to directory; returns the line that says what was written."""
+    from trainer.checkpoint import load_checkpoint
+    from trainer.pretrained import run_checkpoint
+
+    path = run_checkpoint(str(source))
+    if path is None:
+        raise UserError(
+            f"--export-adapter: {source} is not a run directory or checkpoint of this trainer (a model folder "
+            f"holds no adapters: give the LoRA run with --out-dir)"
+        )
+    model_type = export_adapter(load_checkpoint(path), path, directory)
+    return f"wrote the LoRA adapters of {path} for a {model_type} model to {directory}"
