@@ -238,6 +238,14 @@ class LoraConfig:
 
     def __post_init__(self):
         _check_range(self, "rank", 0, MAX_LORA_RANK, "0 = off; the adapted layer's width bounds it too")
+        # a LoRA key set with rank 0 asks for adapters of rank zero: no adapter at all, and a run that
+        # silently trains every weight instead (an error, where other keys set in vain get a note)
+        chosen = [f.name for f in dataclasses.fields(self) if f.name != "rank" and getattr(self, f.name) != f.default]
+        if self.rank == 0 and chosen:
+            raise ValueError(
+                f"rank=0 gives no adapters, but lora.{chosen[0]}={_toml_value(getattr(self, chosen[0]))} asks for "
+                f"LoRA (set lora.rank to 1 or more, e.g. 8; or leave the [lora] keys out to train every weight)"
+            )
         if self.alpha <= 0:
             raise ValueError(f"alpha={self.alpha} must be positive")
         if not 0.0 <= self.dropout < 1.0:
@@ -305,10 +313,6 @@ ACTS_ONLY_WITH = {
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
         for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps", "muon_ns_smallest")
-    },
-    **{
-        f"lora.{name}": (lambda cfg: cfg.lora.rank > 0, "lora.rank above 0")
-        for name in ("alpha", "dropout", "targets", "base_dtype")
     },
     **{
         f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")

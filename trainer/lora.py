@@ -232,6 +232,7 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
         )
     check_output_folder(directory, "--export-adapter", list(ADAPTER_FILES))
     cfg = config_from_dict(checkpoint["config"], source=str(path))
+    base_weights(checkpoint["lora"], cfg.model, str(path))  # the adapters fit the base the folder will name
     try:
         family = family_for(cfg.model)
     except ValueError as e:
