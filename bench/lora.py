@@ -96,7 +96,7 @@ def finetune(base: Path, side: str, args: argparse.Namespace, scratch: Path) -> 
     lr = args.lora_lr if side == "lora" else args.full_lr
     cfg = load_config(TASK_CONFIG, [
         f"--train.out_dir={scratch / side}", f"--train.init_from={base}", "--train.device=cpu", "--train.threads=1",
-        "--train.max_iters=100000", "--train.eval_iters=20", f"--optim.learning_rate={lr}", f"--optim.min_lr={lr}",
+        "--train.max_iters=100000", f"--train.eval_iters={args.eval_iters}", f"--optim.learning_rate={lr}", f"--optim.min_lr={lr}",
         "--optim.warmup_iters=0", *lora,
     ])  # fmt: skip
     trainer = Trainer(cfg)
@@ -114,7 +114,7 @@ def quality(args: argparse.Namespace) -> dict:
         scratch = Path(scratch)
         cfg = load_config(TASK_CONFIG, [f"--train.out_dir={scratch / 'base'}", "--train.device=cpu",
                                         "--train.threads=1", f"--train.max_iters={args.base_steps}",
-                                        f"--train.eval_interval={args.base_steps}", "--train.eval_iters=20"])  # fmt: skip
+                                        f"--train.eval_interval={args.base_steps}", f"--train.eval_iters={args.eval_iters}"])  # fmt: skip
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
         base = Trainer(cfg)
         base.fit()
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_count("--seq-len", default=128, help="tokens in the one sequence of a step (default: 128)")
     parser.add_count("--steps", minimum=2, default=4, help="steps timed on each side, the first not counted (default: 4)")
     parser.add_count("--base-steps", default=300, help="steps of the small base model (default: 300)")
+    parser.add_count("--eval-iters", default=20, help="batches of each split in an evaluation (default: 20)")
     parser.add_amount("--seconds", default=60.0, help="wall time of each small fine-tune (default: 60)")
     parser.add_amount("--full-lr", default=1e-3, help="learning rate of the full fine-tune (default: 1e-3)")
     parser.add_amount("--lora-lr", default=1e-2, help="learning rate of the LoRA fine-tune (default: 1e-2)")
