@@ -37,8 +37,8 @@ from data.prepare import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from trainer.config import LORA_TARGETS, LoraConfig, load_config  # noqa: E402
-from trainer.lora import add_adapters  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
+from trainer.lora import add_adapters  # noqa: E402
 from trainer.optim import lr_at  # noqa: E402
 
 SHAPES = {
@@ -96,7 +96,8 @@ def finetune(base: Path, side: str, args: argparse.Namespace, scratch: Path) -> 
     lr = args.lora_lr if side == "lora" else args.full_lr
     cfg = load_config(TASK_CONFIG, [
         f"--train.out_dir={scratch / side}", f"--train.init_from={base}", "--train.device=cpu", "--train.threads=1",
-        "--train.max_iters=100000", f"--train.eval_iters={args.eval_iters}", f"--optim.learning_rate={lr}", f"--optim.min_lr={lr}",
+        "--train.max_iters=100000", f"--train.eval_iters={args.eval_iters}", f"--optim.learning_rate={lr}",
+        f"--optim.min_lr={lr}",
         "--optim.warmup_iters=0", *lora,
     ])  # fmt: skip
     trainer = Trainer(cfg)
@@ -114,12 +115,16 @@ def quality(args: argparse.Namespace) -> dict:
         scratch = Path(scratch)
         cfg = load_config(TASK_CONFIG, [f"--train.out_dir={scratch / 'base'}", "--train.device=cpu",
                                         "--train.threads=1", f"--train.max_iters={args.base_steps}",
-                                        f"--train.eval_interval={args.base_steps}", f"--train.eval_iters={args.eval_iters}"])  # fmt: skip
+                                        f"--train.eval_interval={args.base_steps}",
+                                        f"--train.eval_iters={args.eval_iters}"])  # fmt: skip
         ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
         base = Trainer(cfg)
         base.fit()
         base_loss = base.evaluate()["val"]
-        return {"base_val_loss": base_loss, "sides": [finetune(scratch / "base", s, args, scratch) for s in ("full", "lora")]}
+        return {
+            "base_val_loss": base_loss,
+            "sides": [finetune(scratch / "base", s, args, scratch) for s in ("full", "lora")],
+        }
 
 
 def main() -> None:
@@ -127,7 +132,9 @@ def main() -> None:
     parser.add_argument("--shape", choices=list(SHAPES), default="qwen3-0.6b", help="model of the memory part")
     parser.add_count("--rank", default=8, help="LoRA rank (default: 8)")
     parser.add_count("--seq-len", default=128, help="tokens in the one sequence of a step (default: 128)")
-    parser.add_count("--steps", minimum=2, default=4, help="steps timed on each side, the first not counted (default: 4)")
+    parser.add_count(
+        "--steps", minimum=2, default=4, help="steps timed on each side, the first not counted (default: 4)"
+    )
     parser.add_count("--base-steps", default=300, help="steps of the small base model (default: 300)")
     parser.add_count("--eval-iters", default=20, help="batches of each split in an evaluation (default: 20)")
     parser.add_amount("--seconds", default=60.0, help="wall time of each small fine-tune (default: 60)")
@@ -154,7 +161,9 @@ def main() -> None:
           f"every projection")  # fmt: skip
     print(f"{'':6} {'trained params':>15} {'peak memory':>12} {'step':>9}")
     for s in sides:
-        print(f"{s['side']:6} {s['trained_params']:>15,} {s['peak_bytes'] / 2**30:>9.2f} GiB {s['step_seconds']:>7.2f} s")
+        print(
+            f"{s['side']:6} {s['trained_params']:>15,} {s['peak_bytes'] / 2**30:>9.2f} GiB {s['step_seconds']:>7.2f} s"
+        )
     print(f"LoRA's peak is {lora['peak_bytes'] / full['peak_bytes']:.0%} of the full fine-tune's; "
           f"its step takes {lora['step_seconds'] / full['step_seconds']:.2f}x the time")  # fmt: skip
     figures = {"memory": sides}

@@ -9,8 +9,8 @@ from errors import UserError
 from tests.conftest import run_script, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import LoraConfig
-from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
 from trainer.loop import Trainer
+from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
 from trainer.pretrained import export_model
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"

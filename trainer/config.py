@@ -233,7 +233,9 @@ class LoraConfig:
     rank: int = 0  # LoRA: train rank-r adapters beside the frozen weights of train.init_from; 0 = off (0 .. 4096)
     alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
     dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
-    targets: str = "q_proj,k_proj,v_proj,o_proj"  # comma-separated: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+    targets: str = (
+        "q_proj,k_proj,v_proj,o_proj"  # comma-separated: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+    )
     base_dtype: str = "float32"  # the frozen weights' dtype: float32, or bfloat16 (with train.dtype bfloat16)
 
     def __post_init__(self):
@@ -277,7 +279,8 @@ class Config:
         if self.lora.rank and self.train.init_from == "scratch":
             raise ValueError(
                 f"lora.rank={self.lora.rank} adapts a trained model, but train.init_from='scratch' gives none "
-                f"(set train.init_from to a run directory, a ckpt.pt, or a Hugging Face folder or hub id; or lora.rank=0)"
+                f"(set train.init_from to a run directory, a ckpt.pt, or a Hugging Face folder or hub id; "
+                f"or lora.rank=0)"
             )
         if self.lora.rank and self.lora.base_dtype == "bfloat16" and self.train.dtype != "bfloat16":
             raise ValueError(

@@ -101,7 +101,8 @@ class LoRALinear(nn.Module):
 
     def extra_repr(self) -> str:
         rank = next(iter(self.lora_A.values())).size(0)
-        return f"in_features={self.in_features}, out_features={self.out_features}, rank={rank}, adapted={list(self.lora_A)}"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, rank={rank}, adapted={list(self.lora_A)}"
 
 
 def add_adapters(model: GPT, lora: LoraConfig) -> None:
@@ -279,7 +280,6 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
     with atomic_open(directory / ADAPTER_FILES[1]) as f:  # last: a folder with its config is complete
         f.write((json.dumps(config, indent=2) + "\n").encode("utf-8"))
     return family.model_type
-
 
 
 def export_run_adapter(source: str | Path, directory: Path) -> str:
