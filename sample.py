@@ -52,8 +52,9 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
-from trainer.checkpoint import CHECKPOINT_NAME
+from trainer.checkpoint import CHECKPOINT_NAME, latest_run
 from trainer.loading import RUNS_ROOT, load_model
+from trainer.lora import export_run_adapter
 from trainer.pretrained import check_export_folder, export_model
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
@@ -85,6 +86,12 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="write the model to DIR as a Hugging Face folder (config.json, model.safetensors, tokenizer.json) "
         "that transformers' AutoModelForCausalLM and AutoTokenizer load, and sample nothing",
+    )
+    parser.add_argument(
+        "--export-adapter",
+        metavar="DIR",
+        help="write the LoRA adapters of the run to DIR as a PEFT folder (adapter_config.json, "
+        "adapter_model.safetensors) for its Hugging Face base model, and sample nothing (docs/finetuning.md)",
     )
     parser.add_argument(
         "--num-samples",
@@ -236,6 +243,10 @@ def main() -> None:
     args = parse_args()
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    if args.export_adapter is not None:
+        source = args.init_from or args.out_dir or latest_run(RUNS_ROOT)
+        print(export_run_adapter(source, Path(args.export_adapter)), file=sys.stderr)
+        return
     if args.export is not None:
         check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)

@@ -307,6 +307,13 @@ def chat_dataset_of_the_run(workspace: Path) -> None:
                  block_size=32, val_fraction=0.3)  # fmt: skip
 
 
+def lora_run_on_a_changed_base(workspace: Path) -> None:
+    """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
+    Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
+                        lora__rank=2)).fit()  # fmt: skip
+    edit_checkpoint(set_value("transformer.ln_f.weight", 0.5))(workspace)
+
+
 CATALOGUE = [
     # config files and overrides
     Case("toml-syntax", "train.py", ["--config", "bad.toml"], "is not valid TOML", write("bad.toml", "[model]\nn_layer = = 2\n")),
@@ -556,6 +563,14 @@ CATALOGUE = [
     Case("config-key-without-its-section", "train.py", [*TRAIN, "--max_iters=5"], "error: unrecognized option --max_iters (did you mean --train.max_iters?)"),
     Case("option-without-a-match", "plot.py", ["loss", "out/tiny", "--out", "loss.png", "--zoom"], "error: unrecognized option --zoom (see plot.py --help)"),
     Case("stray-word-for-sample", "sample.py", ["--out-dir", "out/tiny", "ROMEO:"], "error: unexpected argument 'ROMEO:' (see sample.py --help for the options)"),
+    # LoRA (lora.* keys) and its exports
+    Case("lora-without-a-base", "train.py", [*TRAIN, "--lora.rank=8"], "lora.rank=8 adapts a trained model, but train.init_from='scratch' gives none"),
+    Case("lora-rank-zero", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.targets=q_proj"], 'rank=0 gives no adapters, but lora.targets="q_proj" asks for LoRA'),
+    Case("lora-rank-above-width", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=64"], "lora.rank=64 is above the width of q_proj (32 x 32 in block 0)"),
+    Case("lora-target-not-a-projection", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=qkv"], "lora.targets='qkv' names 'qkv': give one or more of q_proj, k_proj"),
+    Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
+    Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
+    Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),
 ]  # fmt: skip
 
 

@@ -76,6 +76,7 @@ TOY_OVERRIDES = {
         "--warmup=0",
     ],
     "bench/val.py": ["--stride=4096"],
+    "bench/lora.py": ["--shape=tiny", "--steps=2", "--base-steps=1", "--seconds=0.1", "--eval-iters=1"],
     "bench/tokenizer.py": ["--megabytes=0.2", "--vocab-sizes", "300", "--speed-vocab-size=300", "--repeats=1"],
     "bench/prepare.py": ["--megabytes=0.2", "--num-proc", "1", "--repeats=1"],
     "bench/threads.py": ["--steps=1", "--warmup=0", "--loads", "0", "1", "--load-seconds=60", "--data.batch_size=1"],

@@ -41,6 +41,9 @@ KEY_TYPES = {
     "rng": list,
     "wandb_run_id": str,
 }
+# a LoRA run's checkpoint also holds "lora": where its frozen base came from and the base's
+# fingerprint ({"source": str, "fingerprint": str}, trainer/lora.py); its "model" holds the adapters only
+LORA_KEYS = ("source", "fingerprint")
 TYPE_NAMES = {int: "an integer", dict: "a table", list: "a list", str: "a string"}
 
 
@@ -152,6 +155,9 @@ def _check_contents(state: dict, path: Path) -> None:
             raise UserError(f"{path}: {key!r} is a {type(state[key]).__name__}, not {TYPE_NAMES[kind]} ({fix})")
     if state["step"] < 0:
         raise UserError(f"{path}: step={state['step']} is negative ({fix})")
+    lora = state.get("lora", {key: "" for key in LORA_KEYS})
+    if not isinstance(lora, dict) or not all(isinstance(lora.get(key), str) for key in LORA_KEYS):
+        raise UserError(f"{path}: its 'lora' entry is not a table of {' and '.join(LORA_KEYS)} strings ({fix})")
     not_tensors = [name for name, value in state["model"].items() if not isinstance(value, torch.Tensor)]
     if not_tensors:
         raise UserError(f"{path}: the weight {not_tensors[0]!r} is not a tensor ({fix})")
@@ -166,10 +172,22 @@ def _check_contents(state: dict, path: Path) -> None:
     check_token_keys(cfg.model, state["dataset"]["vocab_size"], f"the dataset {path} was trained on", fix)
 
 
-def check_weights(model: torch.nn.Module, weights: dict, source: str) -> None:
-    """Refuse weights that model.load_state_dict would not take, naming the first missing,
+def expected_weights(cfg) -> dict[str, torch.Tensor]:
+    """The tensors (on the meta device: names and shapes) that a checkpoint of a run with this
+    config holds: the model's weights, or with cfg.lora.rank above 0 only the adapters."""
+    with torch.device("meta"):
+        model = GPT(cfg.model)
+        if not cfg.lora.rank:
+            return model.state_dict()
+        from trainer.lora import adapter_state, add_adapters  # which reads the base model through this module
+
+        add_adapters(model, cfg.lora)
+        return adapter_state(model.state_dict())
+
+
+def check_weights(expected: dict[str, torch.Tensor], weights: dict, source: str) -> None:
+    """Refuse weights that differ from the expected state dict, naming the first missing,
     unexpected or differently shaped tensor."""
-    expected = model.state_dict()
     missing = [name for name in expected if name not in weights]
     unexpected = [name for name in weights if name not in expected]
     if missing or unexpected:
@@ -206,10 +224,15 @@ def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]
         f"the {params:,} float32 parameters of the model that the config in {path} describes",
         "load it on a machine with more memory",
     )
-    with torch.device("meta"):  # names and shapes only, before the model is allocated
-        check_weights(GPT(cfg.model), checkpoint["model"], f"the weights in {path}")
-    model = GPT(cfg.model)
-    model.load_state_dict(checkpoint["model"])
+    # names and shapes only, before the model is allocated
+    check_weights(expected_weights(cfg), checkpoint["model"], f"the weights in {path}")
+    if "lora" in checkpoint:
+        from trainer.lora import lora_model  # which reads the base model through this module
+
+        model = lora_model(checkpoint, path, cfg.model, cfg.lora)
+    else:
+        model = GPT(cfg.model)
+        model.load_state_dict(checkpoint["model"])
     tokenizer = tokenizer_from_meta(checkpoint["dataset"])
     if tokenizer.vocab_size > cfg.model.vocab_size:
         raise UserError(

@@ -31,6 +31,11 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "wsd")
 PARALLELISMS = ("ddp", "fsdp")
 WANDB_MODES = ("online", "offline")
+# the projections LoRA adapts, by the names Hugging Face's Llama-layout models give them (a gelu or
+# relu2 MLP has no gate_proj: its c_fc is up_proj)
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_BASE_DTYPES = ("float32", "bfloat16")
+MAX_LORA_RANK = 4096  # far beyond the ranks in use (4 .. 256); the layer's width bounds it too
 RUN_CONFIG_NAME = "config.toml"  # the resolved config in a run directory
 CHECKPOINT_NAME = "ckpt.pt"  # the latest checkpoint in a run directory
 RUN_CONFIG_HEADER = "# the resolved config of the run in this directory, written by train.py\n"
@@ -224,6 +229,43 @@ class EvalConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = 0  # LoRA: train rank-r adapters beside the frozen weights of train.init_from; 0 = off (0 .. 4096)
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
+    dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
+    targets: str = (
+        "q_proj,k_proj,v_proj,o_proj"  # comma-separated: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+    )
+    base_dtype: str = "float32"  # the frozen weights' dtype: float32, or bfloat16 (with train.dtype bfloat16)
+
+    def __post_init__(self):
+        _check_range(self, "rank", 0, MAX_LORA_RANK, "0 = off; the adapted layer's width bounds it too")
+        # a LoRA key set with rank 0 asks for adapters of rank zero: no adapter at all, and a run that
+        # silently trains every weight instead (an error, where other keys set in vain get a note)
+        chosen = [f.name for f in dataclasses.fields(self) if f.name != "rank" and getattr(self, f.name) != f.default]
+        if self.rank == 0 and chosen:
+            raise ValueError(
+                f"rank=0 gives no adapters, but lora.{chosen[0]}={_toml_value(getattr(self, chosen[0]))} asks for "
+                f"LoRA (set lora.rank to 1 or more, e.g. 8; or leave the [lora] keys out to train every weight)"
+            )
+        if self.alpha <= 0:
+            raise ValueError(f"alpha={self.alpha} must be positive")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        unknown = [name for name in self.target_list if name not in LORA_TARGETS]
+        if unknown or not self.target_list:
+            raise ValueError(
+                f"targets={self.targets!r} names {'no projection' if not unknown else repr(unknown[0])}: "
+                f"give one or more of {', '.join(LORA_TARGETS)}, comma-separated"
+            )
+        _check_choice(self, "base_dtype", LORA_BASE_DTYPES)
+
+    @property
+    def target_list(self) -> list[str]:
+        return [name.strip() for name in self.targets.split(",") if name.strip()]
+
+
+@dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -231,8 +273,20 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self):
+        if self.lora.rank and self.train.init_from == "scratch":
+            raise ValueError(
+                f"lora.rank={self.lora.rank} adapts a trained model, but train.init_from='scratch' gives none "
+                f"(set train.init_from to a run directory, a ckpt.pt, or a Hugging Face folder or hub id; "
+                f"or lora.rank=0)"
+            )
+        if self.lora.rank and self.lora.base_dtype == "bfloat16" and self.train.dtype != "bfloat16":
+            raise ValueError(
+                f"lora.base_dtype='bfloat16' holds the frozen weights in bfloat16, which needs train.dtype='bfloat16' "
+                f"(got {self.train.dtype!r}) for the products to mix them with float32 adapters"
+            )
         # the one place where a key follows another section's: resolved as the tree is built, so the
         # run, its config.toml and its checkpoints all hold the number it used
         self.optim = self.optim.decaying_until(self.train.max_iters)

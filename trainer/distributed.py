@@ -193,6 +193,7 @@ class ParallelModel:
     def load_state_dicts(
         self, optimizers: Iterable[torch.optim.Optimizer], model_state: dict, optimizer_state: dict
     ) -> None:
-        options = StateDictOptions(full_state_dict=True)
+        # not strict: a LoRA checkpoint holds the adapters only (the names were checked against the model's)
+        options = StateDictOptions(full_state_dict=True, strict=False)
         set_model_state_dict(self.model, model_state, options=options)
         set_optimizer_state_dict(self.model, tuple(optimizers), optimizer_state, options=options)

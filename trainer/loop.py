@@ -21,6 +21,7 @@ from model.families import non_finite
 from trainer.checkpoint import (
     FORMAT_VERSION,
     check_weights,
+    expected_weights,
     load_checkpoint,
     restore_rng_state,
     rng_state,
@@ -44,6 +45,7 @@ from trainer.evaluate import (
     metrics_record,
     summary_lines,
 )
+from trainer.lora import adapter_state, add_adapters, base_record, base_weights, check_base
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.optim import build_optimizer, lr_at
@@ -99,13 +101,20 @@ class Trainer:
         if checkpoint is not None:  # before the vocabulary sizes, which differ too: the kind of data says why
             check_same_kind_of_data(checkpoint["dataset"], self.dataset.meta, cfg.data.dataset, self.run_dir.path)
         pretrained = None
+        # LoRA: where the frozen weights came from, and their fingerprint (trainer/lora.py)
+        self.lora_base = checkpoint.get("lora") if checkpoint is not None else None
         if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
             source = load_checkpoint(run_checkpoint(train.init_from))
+            if cfg.lora.rank:
+                check_base(train.init_from, source)
+                self.lora_base = base_record(train.init_from, source["model"])
             cfg, pretrained = from_run_checkpoint(cfg, source, self.dataset.meta)
         elif train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
             folder = load_pretrained(train.init_from, key="train.init_from")
             cfg = with_pretrained_shape(cfg, folder, self.dataset.meta)
             pretrained = folder.state
+            if cfg.lora.rank:
+                self.lora_base = base_record(train.init_from, folder.state)
         self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
         check_token_keys(
             cfg.model,
@@ -119,6 +128,8 @@ class Trainer:
         self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
         if checkpoint is not None:
             self.run_dir.check_resumable(checkpoint, cfg, self.dataset.meta)
+            if cfg.lora.rank:  # the frozen weights are not in the checkpoint: read them again from their source
+                pretrained = base_weights(self.lora_base, cfg.model, str(self.run_dir.checkpoint_path))
 
         if self.device.type == "cuda":
             enable_tf32()
@@ -126,9 +137,12 @@ class Trainer:
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
         if checkpoint is not None:
-            check_weights(self.model, checkpoint["model"], f"the weights in {self.run_dir.checkpoint_path}")
+            check_weights(expected_weights(cfg), checkpoint["model"], f"the weights in {self.run_dir.checkpoint_path}")
         if pretrained is not None:
             self.model.load_state_dict(crop_positions(pretrained, cfg.model.block_size))
+        if cfg.lora.rank:  # the base frozen (in lora.base_dtype), adapters beside it: the optimizer holds only those
+            self.model.to(dtype=getattr(torch, cfg.lora.base_dtype))
+            add_adapters(self.model, cfg.lora)
         self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)  # after sharding: it holds the shards
         # float16 gradients underflow without loss scaling; bfloat16 and float32 need none
@@ -430,6 +444,9 @@ class Trainer:
         """Everything needed to sample from the model or continue the run, as plain data. Every
         process must call it (FSDP gathers the weights, and each process adds its RNG states)."""
         model_state, optimizer_state = self.parallel.state_dicts(self.optimizer)
+        lora = {}
+        if self.cfg.lora.rank:  # the adapters only; the base is where lora_base says
+            model_state, lora = adapter_state(model_state), {"lora": self.lora_base}
         return {
             "format_version": FORMAT_VERSION,
             "step": self.step,
@@ -441,6 +458,7 @@ class Trainer:
             # one entry per process, in rank order
             "rng": self.world.gather(rng_state(self.device, self.batches, self.objective)),
             "wandb_run_id": self.wandb_run_id or "",
+            **lora,
         }
 
     def _stop(self, signum: int, unlogged: tuple | None, throughput: Throughput | None, progress: tqdm) -> int:

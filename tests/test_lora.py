@@ -1,0 +1,159 @@
+"""LoRA: adapters beside frozen weights, their checkpoints, merging, and the PEFT and merged exports."""
+
+import json
+
+import pytest
+import torch
+
+from errors import UserError
+from tests.conftest import run_script, tiny_config, tiny_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.config import LoraConfig
+from trainer.loop import Trainer
+from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
+from trainer.pretrained import export_model
+
+ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+# a Qwen3-shaped tiny model: rotary positions, RMSNorm, QK-norm, SwiGLU, grouped-query attention, untied head
+QWEN3 = dict(model__pos_emb="rope", model__norm="rmsnorm", model__qk_norm=True, model__mlp="swiglu",
+             model__bias=False, model__n_kv_head=1, model__tie_embeddings=False)  # fmt: skip
+
+
+def train_losses(run_dir):
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory, data_dir):
+    """A tiny Qwen3-shaped run of a few steps, and the Hugging Face folder it exports to."""
+    root = tmp_path_factory.mktemp("lora_base")
+    Trainer(tiny_config(root / "run", data_dir, train__max_iters=4, train__eval_interval=4, **QWEN3)).fit()
+    model, tokenizer = model_from_checkpoint(load_checkpoint(root / "run" / "ckpt.pt"), root / "run" / "ckpt.pt")
+    export_model(model, tokenizer, root / "hf")
+    return root
+
+
+def lora_config(out, data_dir, init_from, **overrides):
+    values = dict(train__max_iters=6, train__eval_interval=6, train__init_from=str(init_from), lora__rank=4,
+                  lora__targets=ALL, optim__learning_rate=1e-2, optim__warmup_iters=0)  # fmt: skip
+    return tiny_config(out, data_dir, **values | overrides)
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, data_dir, base):
+    """A LoRA run on the exported folder, trained for a few steps at a high rate: B is far from zero."""
+    out = tmp_path_factory.mktemp("lora") / "run"
+    Trainer(lora_config(out, data_dir, base / "hf")).fit()
+    return out
+
+
+def test_merged_weight_is_base_plus_scale_times_b_a():
+    model = tiny_model()
+    base = model.transformer.h[0].attn.c_proj.weight.detach().clone()
+    add_adapters(model, LoraConfig(rank=2, alpha=6.0, targets="o_proj"))
+    wrapper = model.transformer.h[0].attn.c_proj
+    assert isinstance(wrapper, LoRALinear)
+    torch.nn.init.normal_(wrapper.lora_B["o_proj"])
+    a, b = wrapper.lora_A["o_proj"].detach().clone(), wrapper.lora_B["o_proj"].detach().clone()
+    merge_adapters(model)
+    merged = model.transformer.h[0].attn.c_proj
+    assert type(merged) is torch.nn.Linear
+    torch.testing.assert_close(merged.weight, base + 6.0 / 2 * b @ a, rtol=0, atol=1e-6)
+
+
+def test_merged_logits_equal_adapters_applied_on_the_fly():
+    torch.manual_seed(0)
+    model = tiny_model(mlp="swiglu", n_kv_head=1, pos_emb="rope")
+    add_adapters(model, LoraConfig(rank=3, targets="q_proj,v_proj,gate_proj,down_proj"))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.1)
+    x = torch.randint(0, 50, (2, 16))
+    with torch.no_grad():
+        on_the_fly, _ = model(x, x)
+        merged, _ = merge_adapters(model)(x, x)
+    torch.testing.assert_close(merged, on_the_fly, rtol=1e-5, atol=1e-5)
+
+
+def test_a_fused_layer_gets_one_adapter_per_projection_and_others_unchanged():
+    model = tiny_model(n_kv_head=1)
+    add_adapters(model, LoraConfig(rank=2, targets="k_proj"))
+    wrapper = model.transformer.h[0].attn.c_attn
+    assert list(wrapper.lora_A) == ["k_proj"] and wrapper.lora_B["k_proj"].shape == (16, 2)
+    torch.nn.init.normal_(wrapper.lora_B["k_proj"])
+    delta = wrapper.delta_weight()
+    assert delta[:32].abs().sum() == 0 and delta[48:].abs().sum() == 0 and delta[32:48].abs().sum() > 0
+
+
+def test_lora_trains_only_the_adapters_and_checkpoints_them_with_the_base(lora_run, base):
+    checkpoint = load_checkpoint(lora_run / "ckpt.pt")
+    assert checkpoint["model"] and all(".lora_" in name for name in checkpoint["model"])
+    assert checkpoint["lora"]["source"] == str((base / "hf").resolve())
+    assert len(checkpoint["lora"]["fingerprint"]) == 64
+    assert len(checkpoint["optimizer"]["state"]) == len(checkpoint["model"])
+    assert any(t.abs().sum() > 0 for name, t in checkpoint["model"].items() if "lora_B" in name)
+
+
+def test_lora_resumed_run_matches_an_uninterrupted_one(tmp_path, data_dir, base):
+    common = dict(lora__dropout=0.1, model__dropout=0.1, train__max_iters=8, train__eval_interval=4, **QWEN3)
+    Trainer(lora_config(tmp_path / "whole", data_dir, base / "run", **common)).fit()
+    Trainer(lora_config(tmp_path / "split", data_dir, base / "run", **common | {"train__max_iters": 4})).fit()
+    resumed = Trainer(lora_config(tmp_path / "split", data_dir, "resume", **common))
+    assert resumed.step == 4
+    resumed.fit()
+    assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+
+
+def test_a_changed_base_is_refused(tmp_path, data_dir, base):
+    import shutil
+
+    shutil.copytree(base / "hf", tmp_path / "hf")
+    Trainer(lora_config(tmp_path / "run", data_dir, tmp_path / "hf", train__max_iters=2)).fit()
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(tmp_path / "hf" / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
+    save_file(tensors, tmp_path / "hf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(UserError, match="has changed since the adapters"):
+        model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run" / "ckpt.pt")
+
+
+def test_merged_export_loads_in_transformers_with_the_same_logits(lora_run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    ours, tokenizer = model_from_checkpoint(load_checkpoint(lora_run / "ckpt.pt"), lora_run / "ckpt.pt")
+    export_model(ours, tokenizer, tmp_path / "merged")
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    x = torch.randint(0, tokenizer.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, ours(x, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_peft_loads_the_exported_adapter_onto_the_base_with_our_logits(lora_run, base, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    export_run_adapter(lora_run, tmp_path / "adapter")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str((base / "hf").resolve())
+    hf_base = transformers.AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
+    theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
+    ours, tokenizer = model_from_checkpoint(load_checkpoint(lora_run / "ckpt.pt"), lora_run / "ckpt.pt")
+    x = torch.randint(0, tokenizer.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        with theirs.disable_adapter():
+            unadapted = theirs(x).logits
+        adapted = theirs(x).logits
+    assert not torch.allclose(adapted, unadapted, atol=1e-3)  # the adapters change the logits
+    torch.testing.assert_close(adapted, ours(x, x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_sample_py_samples_and_exports_a_lora_run(lora_run, tmp_path):
+    sampled = run_script("sample.py", "--out-dir", str(lora_run), "--prompt", "RO", "--max-new-tokens", "5",
+                         "--device", "cpu")  # fmt: skip
+    assert sampled.returncode == 0 and sampled.stdout.startswith("RO"), sampled.stderr
+    exported = run_script("sample.py", "--out-dir", str(lora_run), "--export-adapter", str(tmp_path / "adapter"))
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
