@@ -593,12 +593,18 @@ def _from_string(section: str, key: str, text: str) -> object:
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """The trailing comment of each field in a config dataclass's source: its help text."""
-    comments = {}
+    """The trailing comment of each field in a config dataclass's source: its help text. A default
+    too long for one line stands in parentheses (as the formatter writes it), its comment on the
+    line of the value."""
+    comments, wrapped = {}, None
     for line in inspect.getsource(cls).splitlines():
         match = re.match(r"\s+(\w+): [^=]+=.*?#\s*(.*)$", line)
         if match:
             comments[match.group(1)] = match.group(2)
+        elif wrapped and (comment := re.search(r"#\s*(.*)$", line)):
+            comments[wrapped] = comment.group(1)
+        opening = re.match(r"\s+(\w+): [^=]+= \($", line)
+        wrapped = opening.group(1) if opening else None
     return comments
 
 
