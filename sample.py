@@ -45,6 +45,7 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
+from trainer.chat import chat_in_terminal, check_chat_options
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
@@ -79,6 +80,13 @@ def parse_args() -> argparse.Namespace:
         help="write the model to DIR as a Hugging Face folder (config.json, model.safetensors, tokenizer.json) "
         "that transformers' AutoModelForCausalLM and AutoTokenizer load, and sample nothing",
     )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="talk to a model fine-tuned on conversations, turn by turn, through its chat template (docs/chat.md); "
+        "with --prompt, answer that one message and exit",
+    )
+    parser.add_argument("--system", metavar="TEXT", help="--chat: the system message that opens the conversation")
     parser.add_argument(
         "--num-samples",
         type=int,
@@ -138,6 +146,7 @@ def parse_args() -> argparse.Namespace:
             "at, e.g. --stop '\\n\\n', or leave --stop out)"
         )
     args.stop = [unescape(stop) for stop in args.stop]
+    check_chat_options(args, parser)
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
@@ -247,6 +256,8 @@ def main() -> None:
         return
     model.to(device=device, dtype=dtype)
     products = prepare_products(model, device, dtype, args.compile)
+    if args.chat:
+        return chat_in_terminal(model, tokenizer, args, source, products)
 
     prompts = read_prompts(
         args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token])
