@@ -3,8 +3,9 @@
 Each turn, the conversation so far (the --system message, then the user's and the model's turns)
 goes through the model's chat template with the generation prompt (data/chat.py's render_prompt,
 as eval.py renders its generation items), and the reply is streamed until the template's end-of-turn
-token (or the end-of-text token, or max_new_tokens). The reply joins the conversation as the
-assistant's message.
+token (or the end-of-text token, or max_new_tokens); other special tokens a model writes inside a
+reply (a template's markup) are not shown, as transformers' decode(skip_special_tokens=True) leaves
+them out. The reply joins the conversation as the assistant's message.
 
 The model sees at most block_size tokens. A prompt may take up to block_size - min(max_new_tokens,
 block_size // 4) of them, so that a reply has room: the oldest turns (a user's message and the reply
@@ -101,7 +102,8 @@ def stream_reply(
     stops = set(end_of_turn(tokenizer))
     if tokenizer.eot_token is not None:
         stops.add(tokenizer.eot_token)
-    decoder = StreamDecoder(tokenizer, ())
+    markup = set(tokenizer.specials.values())  # a template's own tokens are not text: not shown, as transformers
+    decoder = StreamDecoder(tokenizer, ())  # skips them in decode(..., skip_special_tokens=True)
     pieces = []
     device = generator.device
     steps = generate(
@@ -122,13 +124,16 @@ def stream_reply(
             token = int(tokens[0])
             if token in stops:
                 break
-            pieces.append(decoder.feed(token))
-            out.write(pieces[-1])
+            if token in markup:
+                continue
+            text = decoder.feed(token)
+            out.write(text)
             out.flush()
-        pieces.append(decoder.flush())
-        out.write(pieces[-1] + "\n")
+            pieces.append(text)  # once shown: a Ctrl-C while writing it leaves it out
+        text = decoder.flush()
+        out.write(text + "\n")
         out.flush()
-        return "".join(pieces), True
+        return "".join(pieces) + text, True
     except KeyboardInterrupt:
         steps.close()
         out.write("\n")
