@@ -546,6 +546,9 @@ CATALOGUE = [
     Case("chat-template-not-jinja", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "the chat template is not valid jinja", chat_model_folder("{% for message in %}")),
     Case("chat-model-folder-without-template", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)", lambda w: (chat_model_folder("")(w), (w / "chatmodel" / "tokenizer_config.json").write_text("{}"))),
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
+    Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "--chat: the model in out/tiny/ckpt.pt has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
+    Case("chat-system-without-chat", "sample.py", ["--out-dir", "out/tiny", "--system", "Be brief."], "--system applies to --chat only"),
+    Case("chat-with-export", "sample.py", ["--out-dir", "out/tiny", "--chat", "--export", "exported"], "--export does not apply to --chat, which holds one conversation (leave --export out)"),
 ]  # fmt: skip
 
 
