@@ -200,7 +200,7 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
         "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
     }
     if tokenizer.chat_template is not None:
-        files[GENERATION_CONFIG_NAME] = json.dumps(generation_config(tokenizer), indent=2) + "\n"
+        files[GENERATION_CONFIG_NAME] = json.dumps(generation_config(tokenizer, config.block_size), indent=2) + "\n"
     files["config.json"] = json.dumps(hf, indent=2) + "\n"  # last: a folder with a config.json is complete
     for name, text in files.items():
         with atomic_open(directory / name) as f:
@@ -228,13 +228,13 @@ def tokenizer_config(tokenizer: Tokenizer) -> dict:
     return config
 
 
-def generation_config(tokenizer: Tokenizer) -> dict:
+def generation_config(tokenizer: Tokenizer, block_size: int) -> dict:
     """generation_config.json of a chat model: transformers' generate stops at the end of a turn (and at
-    the end-of-text token), where sample.py --chat stops."""
+    the end-of-text token), where sample.py --chat stops, or where the model's context ends."""
     stops = end_of_turn(tokenizer)
     if tokenizer.eot_token is not None and tokenizer.eot_token not in stops:
         stops.append(tokenizer.eot_token)
-    return {"eos_token_id": stops, "pad_token_id": stops[0]}
+    return {"eos_token_id": stops, "pad_token_id": stops[0], "max_length": block_size}
 
 
 def _model_files(directory: Path) -> list[str]:
