@@ -106,14 +106,13 @@ def stream_reply(
     decoder = StreamDecoder(tokenizer, ())  # skips them in decode(..., skip_special_tokens=True)
     pieces = []
     device = generator.device
-    steps = generate(
+    steps = generate(  # ended here, at the first of the stops: generate's stop_token takes one
         model,
         torch.tensor([prompt_ids], device=device),
         sampling.max_new_tokens,
         temperature=sampling.temperature,
         top_k=sampling.top_k,
         top_p=sampling.top_p,
-        stop_token=min(stops),
         vocab_size=tokenizer.vocab_size,
         generators=[generator],
         use_cache=sampling.use_cache,
