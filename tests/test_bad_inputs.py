@@ -454,7 +454,7 @@ CATALOGUE = [
     Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "--init-from='llama' holds a model of vocab_size=65 (llama/config.json), fewer than the 70 tokens of its tokenizer (llama/tokenizer.json)", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
     Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
-    Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=out/tiny"], "train.init_from='out/tiny' cannot be loaded: out/tiny has no config.json"),
+    Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=data/shakespeare_char"], "train.init_from='data/shakespeare_char' cannot be loaded: data/shakespeare_char has no config.json"),
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
@@ -509,7 +509,7 @@ CATALOGUE = [
     Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
     Case("resume-with-other-eval-tasks", "train.py", [*RESUME, "--eval.tasks=items.jsonl"], "eval.tasks='items.jsonl' but the run in out/tiny scored no [eval] tasks", write("items.jsonl", ITEM)),
     # a first command without a config, a changed model pointed at another model's run
-    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: finetune_shakespeare, gpt2_124m_fineweb"),
+    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: chat_shakespeare_char, finetune_shakespeare, gpt2_124m_fineweb"),
     Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
     # outputs: a file is replaced only when it is an earlier output of its kind, checked before any work
     Case("eval-json-over-a-task-file", "eval.py", [*EVAL, "items.jsonl", "--json", "items.jsonl"], "--json='items.jsonl' is a file this command reads, which its output would replace (choose another --json)", write("items.jsonl", ITEM)),
