@@ -52,6 +52,7 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
+from trainer.chat import chat_in_terminal, check_chat_options
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run
 from trainer.loading import RUNS_ROOT, load_model
 from trainer.lora import export_run_adapter
@@ -93,6 +94,13 @@ def parse_args() -> argparse.Namespace:
         help="write the LoRA adapters of the run to DIR as a PEFT folder (adapter_config.json, "
         "adapter_model.safetensors) for its Hugging Face base model, and sample nothing (docs/finetuning.md)",
     )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="talk to a model fine-tuned on conversations, turn by turn, through its chat template (docs/chat.md); "
+        "with --prompt, answer that one message and exit",
+    )
+    parser.add_argument("--system", metavar="TEXT", help="--chat: the system message that opens the conversation")
     parser.add_argument(
         "--num-samples",
         type=int,
@@ -152,6 +160,7 @@ def parse_args() -> argparse.Namespace:
             "at, e.g. --stop '\\n\\n', or leave --stop out)"
         )
     args.stop = [unescape(stop) for stop in args.stop]
+    check_chat_options(args, parser)
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
         ("--batch-size", args.batch_size, args.batch_size >= 1, "1 or more"),
@@ -256,6 +265,8 @@ def main() -> None:
         return
     model.to(device=device, dtype=dtype)
     products = prepare_products(model, device, dtype, args.compile)
+    if args.chat:
+        return chat_in_terminal(model, tokenizer, args, source, products)
 
     prompts = read_prompts(
         args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token])

@@ -146,24 +146,35 @@ def check_conversation(record: object, where: str, need_reply: bool = True) -> l
     else:
         fields = ", ".join(map(repr, record)) or "none"
         raise UserError(f'{where}: no "messages" field (nor ShareGPT\'s "conversations"); its fields: {fields}')
-    raw = record[field]
-    if not isinstance(raw, list) or not raw:
-        raise UserError(f"{where}: {field} must be a non-empty list of messages, not {raw!r:.60}")
-    messages = []
-    for number, message in enumerate(raw, start=1):
-        at = f"{where}: {field}[{number}]"
-        if not isinstance(message, dict):
-            raise UserError(f"{at} is {message!r:.60}, not an object with {role_key!r} and {content_key!r}")
-        role = message.get(role_key)
-        if role not in roles:
-            raise UserError(f"{at}: {role_key}={role!r:.40} is not one of {', '.join(roles)}")
-        content = message.get(content_key)
-        if not isinstance(content, str) or not content.strip():
-            raise UserError(f"{at}: {content_key}={content!r:.40} is not text (every message needs some)")
-        messages.append({"role": roles[role], "content": content})
+    problem = messages_problem(record[field], role_key, content_key, roles)
+    if problem is not None:
+        raise UserError(f"{where}: {field}{problem}")
+    messages = [{"role": roles[m[role_key]], "content": m[content_key]} for m in record[field]]
     if need_reply and not any(message["role"] == "assistant" for message in messages):
         raise UserError(f"{where}: no assistant message, so nothing to learn (every conversation needs a reply)")
     return messages
+
+
+def messages_problem(
+    raw: object, role_key: str = "role", content_key: str = "content", roles: dict[str, str] | None = None
+) -> str | None:
+    """What is wrong with a list of messages, as the words that follow the field's name in an error
+    line ("[2]: role='bot' is not one of system, user, assistant"), or None: the one check of messages,
+    for conversations and for eval.py's generation items alike. roles maps the accepted role names
+    (ShareGPT's "from" values) to ours; by default, ours."""
+    roles = roles or {role: role for role in ROLES}
+    if not isinstance(raw, list) or not raw:
+        return f" must be a non-empty list of messages, not {raw!r:.60}"
+    for number, message in enumerate(raw, start=1):
+        if not isinstance(message, dict):
+            return f"[{number}] is {message!r:.60}, not an object with {role_key!r} and {content_key!r}"
+        role = message.get(role_key)
+        if not isinstance(role, str) or role not in roles:
+            return f"[{number}]: {role_key}={role!r:.40} is not one of {', '.join(roles)}"
+        content = message.get(content_key)
+        if not isinstance(content, str) or not content.strip():
+            return f"[{number}]: {content_key}={content!r:.40} is not text (every message needs some)"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -535,8 +535,8 @@ CATALOGUE = [
     Case("eval-generation-prompt-not-text", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt'=5 is a whole number, not text", write("gen.jsonl", '{"prompt": 5, "answer": "Peace!"}\n')),
     Case("eval-generation-no-prompt", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'prompt' is missing (each item needs prompt or messages, and answer)", write("gen.jsonl", '{"answer": "Peace!"}\n')),
     Case("eval-generation-prompt-and-messages", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: fields 'prompt' and 'messages' are both given", write("gen.jsonl", '{"prompt": "ROMEO:", "messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
-    Case("eval-generation-unknown-role", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 0's 'role'=\"bot\" is none of system, user, assistant", write("gen.jsonl", '{"messages": [{"role": "bot", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
-    Case("eval-generation-empty-message", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': message 1's 'content'=\"\" is empty", write("gen.jsonl", '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}], "answer": "Peace!"}\n')),
+    Case("eval-generation-unknown-role", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages'[1]: role='bot' is not one of system, user, assistant", write("gen.jsonl", '{"messages": [{"role": "bot", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
+    Case("eval-generation-empty-message", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages'[2]: content='' is not text", write("gen.jsonl", '{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": ""}], "answer": "Peace!"}\n')),
     Case("eval-generation-last-message-not-the-user", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages': the last message is the assistant's, not the user's", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}, {"role": "assistant", "content": "Peace!"}], "answer": "Peace!"}\n')),
     Case("eval-generation-messages-without-a-template", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: field 'messages' is a conversation, and this model's tokenizer has no chat template to render it with", write("gen.jsonl", '{"messages": [{"role": "user", "content": "ROMEO:"}], "answer": "Peace!"}\n')),
     Case("eval-generation-prompt-outside-vocabulary", "eval.py", [*EVAL, "gen.jsonl"], "gen.jsonl item 1: the text has characters outside the model's 65-character vocabulary: '¿'", write("gen.jsonl", '{"prompt": "¿ROMEO?", "answer": "Peace!"}\n')),
@@ -571,6 +571,9 @@ CATALOGUE = [
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
     Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
     Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),
+    Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "--chat: the model in out/tiny/ckpt.pt has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
+    Case("chat-system-without-chat", "sample.py", ["--out-dir", "out/tiny", "--system", "Be brief."], "--system applies to --chat only"),
+    Case("chat-with-export", "sample.py", ["--out-dir", "out/tiny", "--chat", "--export", "exported"], "--export does not apply to --chat, which holds one conversation (leave --export out)"),
 ]  # fmt: skip
 
 

@@ -286,6 +286,7 @@ def test_sharegpt_records_read_as_messages(tmp_path):
         ({"messages": [{"role": "robot", "content": "x"}]}, r"messages\[1\]: role='robot' is not one of system, user"),
         ({"messages": [{"role": "user", "content": " "}]}, r"messages\[1\]: content=' ' is not text"),
         ({"messages": [{"role": "user", "content": "q"}]}, "no assistant message"),
+        ({"messages": [{"role": ["user"], "content": "q"}]}, r"messages\[1\]: role=\['user'\] is not one of"),
         (
             {"conversations": [{"from": "human", "value": "q"}, {"from": "bot", "value": "a"}]},
             r"conversations\[2\]: from='bot'",

@@ -155,3 +155,32 @@ def test_a_chat_model_fine_tuned_on_plain_text_is_refused(tmp_path, chat_data, d
         Trainer(tiny_config(chat_run, data_dir, train__init_from="resume"))
     with pytest.raises(UserError, match="does not extend the vocabulary .* with a chat template"):
         Trainer(tiny_config(tmp_path / "plain", data_dir, train__init_from=str(chat_run)))
+
+
+@pytest.mark.parametrize("documents", [True, False])
+def test_no_gradient_flows_across_conversations_packed_in_a_window(tmp_path, plain_run, documents):
+    """The trained targets of the conversations after a window's first send gradient to none of the first
+    conversation's tokens (with model.attn_documents; without it they do: the test can fail)."""
+    from data.loader import RandomWindows
+    from data.tokenizer import tokenizer_from_meta
+
+    chats = tmp_path / "short.jsonl"  # conversations of about 25 tokens: two or three to a 64-token window
+    turns = [[{"role": "user", "content": w}, {"role": "assistant", "content": w[::-1]}] for w in WORDS]
+    chats.write_text("".join(json.dumps({"messages": t}) + "\n" for t in turns * 4), encoding="utf-8")
+    prepare_chat(read_conversations(str(chats)), str(plain_run), tmp_path / "chat", source="short.jsonl",
+                 block_size=64, val_fraction=0.25)  # fmt: skip
+    dataset = TokenDataset(tmp_path / "chat")
+    eot = tokenizer_from_meta(dataset.meta).eot_token  # each conversation ends with it: the next starts there
+    trainer = Trainer(chat_config(tmp_path / "run", tmp_path, model__attn_documents=documents))
+    x, y = RandomWindows(dataset, "train", 8, 64, 0, torch.device("cpu")).next_batch()
+    starts = [ids.index(eot, 1) for ids in x.tolist()]  # the second document's first token
+    later = torch.arange(64)[None, :] >= torch.tensor(starts)[:, None]  # (B, T): the conversations after the first
+    embeddings = []
+    trainer.model.transformer.wte.register_forward_hook(lambda m, i, out: embeddings.append(out) or out.retain_grad())
+    targets = y.masked_fill(~later, -1)
+    assert (targets != -1).sum(1).min() > 0  # every row trains on a reply after its first conversation
+    _, loss = trainer.model(x, targets)
+    loss.backward()
+    reached = embeddings[0].grad.abs().sum(-1) > 0  # (B, T): the positions the loss sends gradient to
+    assert reached[later].any()
+    assert not reached[~later].any() if documents else reached[~later].all()

@@ -15,7 +15,7 @@ bundled Shakespeare. `python SCRIPT ...` runs the script's main() in this proces
 as `python SCRIPT` does, in the copy (one import of torch for all of them, one torch thread as on a
 one-core machine); `python -c` and torchrun run in a subprocess. Only overrides that shorten a run
 are appended (TOY_OVERRIDES: two steps of one sequence, one evaluation batch, a few new tokens, no
-compilation, a script's own small mode), and a `time` or `/usr/bin/time` in front of a command is
+compilation, a script's own small mode, a few hundred generated conversations), and a `time` or `/usr/bin/time` in front of a command is
 left out: the command still means what it says.
 
 A command that cannot run on a CPU machine without the network, in a couple of minutes, is listed
@@ -55,6 +55,7 @@ TOY_OVERRIDES = {
     "train.py": TRAIN_TOY,
     "sample.py": ["--max-new-tokens=8"],
     "eval.py": ["--limit=4"],
+    "data/chat_tasks.py": ["--train=300", "--val=20", "--heldout=20"],
     "bench/train.py": [
         "--steps=2",
         "--warmup=0",
@@ -117,6 +118,8 @@ NOT_RUN = {
     'python bench/gpu.py --out "$OUT" --parts environment tests baby_gpt': GPU,
     'python bench/gpu.py --out "$OUT" --parts baby_gpt_modern gpt2_124m flex': GPU,
     'python bench/gpu.py --out "$OUT" --parts decode torchrun': GPU,
+    # a conversation typed at the terminal
+    "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
     # a synopsis, or a template with parts to fill in
     "python data/prepare.py --dataset NAME_OR_PATH --tokenizer gpt2|char|bpe|TOKENIZER.json --out DIR [--num-proc N]": "a synopsis: NAME_OR_PATH and DIR are to be filled in",
     "time python train.py --config configs/shakespeare_char.toml [--train.threads=1 | --train.threads=0]": "one of the bracketed choices is to be picked",

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import trainer.evaluate as evaluate_module
+from data.chat import chat_tokenizer, render_prompt
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import UserError
 from plot import Run, loss_figure
@@ -23,6 +24,7 @@ from trainer.evaluate import (
     centred_mean,
     evaluate_task,
     generate_replies,
+    prompt_for,
     score_items,
     split_tokens,
 )
@@ -425,6 +427,37 @@ def test_messages_need_a_chat_template():
     item = Question(None, [{"role": "user", "content": "spell: dog"}], "d o g", "here item 1")
     with pytest.raises(UserError, match="here item 1: field 'messages' is a conversation, and this model's tokenizer"):
         evaluate_task(model, tokenizer, generation_task([item], 4), batch_size=1)
+
+
+def test_a_chat_model_gets_every_item_through_its_template_and_its_replies_end_at_the_end_of_turn():
+    tokenizer = chat_tokenizer(shakespeare_chars())
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "spell: dog"}]
+    from_messages = prompt_for(tokenizer, Question(None, conversation, "d o g", "here item 1"))
+    from_prompt = prompt_for(tokenizer, Question("spell: dog", None, "d o g", "here item 2"))
+    assert from_messages.chat and from_messages.ids == render_prompt(conversation, tokenizer)
+    assert from_prompt.ids == render_prompt(conversation[1:], tokenizer)
+    assert from_prompt.ids[-11:] == [tokenizer.specials["<|im_start|>"], *tokenizer.encode("assistant\n")]
+    assert tokenizer.specials["<|im_end|>"] in from_prompt.end_tokens
+    # a model that answers "dog" and then ends its turn scores its reply without the end-of-turn token
+    model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
+    reply = [*tokenizer.encode("d o g"), tokenizer.specials["<|im_end|>"]]
+    assert generate_replies_of(model, tokenizer, [from_prompt], reply) == ["d o g"]
+
+
+def generate_replies_of(model, tokenizer, prompts, reply: list[int]) -> list[str]:
+    """generate_replies with a model that writes `reply` token by token, then its last token again."""
+    step = iter(range(len(reply) + 100))
+
+    def forced(logits):
+        logits = torch.full_like(logits, -1e9)
+        logits[..., reply[min(next(step), len(reply) - 1)]] = 0
+        return logits
+
+    handle = model.lm_head.register_forward_hook(lambda module, inputs, output: forced(output))
+    try:
+        return generate_replies(model, tokenizer, prompts, lambda prompt: (), 20, batch_size=1)
+    finally:
+        handle.remove()
 
 
 def test_training_scores_a_generation_task_into_metrics(tmp_path, data_dir):

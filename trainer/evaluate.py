@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from data.chat import end_of_turn, render_prompt
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError
 from model import GPT
@@ -146,14 +147,16 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> li
 
 
 def prompt_for(tokenizer: Tokenizer, item: Question) -> Prompt:
-    """The one place where a generation item becomes tokens. A plain prompt is encoded as it is (no
-    end-of-text token before it, as the scored tasks' contexts); a reply ends at the end-of-text token.
-
-    TODO: a tokenizer with a chat template renders every item through data/chat.py's render_prompt
-    (messages = item.messages, or [{"role": "user", "content": item.prompt}]), with chat=True and its
-    end-of-turn token(s) added to end_tokens; until then messages need a template that is not there.
-    """
+    """The one place where a generation item becomes tokens. With a chat template, the item's messages
+    (a plain prompt as one user turn) are rendered with the generation prompt (data/chat.py's
+    render_prompt, as sample.py --chat renders a turn), and a reply ends at the end of its turn. Without
+    one, a plain prompt is encoded as it is (no end-of-text token before it, as the scored tasks'
+    contexts), and a reply ends at the end-of-text token."""
     end_tokens = () if tokenizer.eot_token is None else (tokenizer.eot_token,)
+    if tokenizer.chat_template is not None:
+        messages = item.messages or [{"role": "user", "content": item.prompt}]
+        ids = render_prompt(messages, tokenizer, item.where)  # its errors name item.where
+        return Prompt(ids, tuple(dict.fromkeys([*end_of_turn(tokenizer), *end_tokens])), chat=True)
     if item.messages is not None:
         raise UserError(
             f"{item.where}: field 'messages' is a conversation, and this model's tokenizer has no chat template to "

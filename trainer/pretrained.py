@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from data.chat import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, make_dir
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
@@ -19,7 +20,9 @@ from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from trainer.config import CHECKPOINT_NAME, Config
 
 TOKENIZER_NAME = "tokenizer.json"
-EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", "config.json")  # what --export writes
+GENERATION_CONFIG_NAME = "generation_config.json"  # a chat model's: where transformers' generate stops
+# what --export writes (a model without a chat template: all but generation_config.json)
+EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", GENERATION_CONFIG_NAME, "config.json")
 # what a hub download fetches: the files this project reads (not other formats' weights)
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
@@ -79,7 +82,8 @@ def load_pretrained(value: str, key: str) -> Pretrained:
 
 
 def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
-    """The tokenizer of a folder: its tokenizer.json, or GPT-2's BPE for a GPT-2 folder without one."""
+    """The tokenizer of a folder: its tokenizer.json, or GPT-2's BPE for a GPT-2 folder without one, with
+    the folder's chat template where it has one."""
     path = pretrained.directory / TOKENIZER_NAME
     if path.is_file():
         tokenizer = JsonTokenizer.from_file(path)
@@ -90,6 +94,9 @@ def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
             f"{key}={str(pretrained.directory)!r} has no {TOKENIZER_NAME}: a {pretrained.family.model_type} "
             f"folder needs its tokenizer (copy it there from where the model came from)"
         )
+    found = folder_template(pretrained.directory)  # an instruct model's own template: sample.py --chat, eval.py
+    if found is not None:
+        tokenizer.with_chat_template(*found)
     # a vocabulary may be padded beyond the tokenizer's ids (GPT-2's 50304 computes faster): those rows
     # are never sampled (sampling draws among the tokenizer's ids) nor trained towards (no text holds them)
     if tokenizer.vocab_size > pretrained.config.vocab_size:
@@ -162,13 +169,20 @@ def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str,
 
 def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     """Write the Hugging Face folder of the family that computes model: config.json,
-    model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json, which
-    transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the family. Weights that are
+    model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json (with the
+    chat template and its named tokens, where the tokenizer has one, and then generation_config.json:
+    where generate stops), which transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the
+    family. Weights that are
     not all finite numbers are refused before anything is written: import would refuse the folder.
     The folder is new, or holds none of those files and no other model: nothing there is replaced or
     removed."""
+    config = model.config
+    if config.attn_documents and not config.attn_document_positions and tokenizer.chat_template is not None:
+        # documents are a matter of training: a conversation is one document, and over one document the
+        # model computes what the plain causal model computes (docs/chat.md)
+        config = dataclasses.replace(config, attn_documents=False)
     try:
-        family = family_for(model.config)
+        family = family_for(config)
     except ValueError as e:
         raise UserError(f"--export cannot write this model: {e}") from None
     problem = non_finite(model.state_dict())
@@ -176,16 +190,18 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
         raise UserError(f"--export cannot write this model: its weight {problem} (export one from before it diverged)")
     check_export_folder(directory)
     make_dir(directory)
-    config = hf_config(model.config, family, tokenizer.eot_token)
-    config["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
-    tensors = tensors_to_hf(model.state_dict(), model.config, family)
+    hf = hf_config(config, family, tokenizer.eot_token)
+    hf["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
+    tensors = tensors_to_hf(model.state_dict(), config, family)
     with atomic_open(directory / SAFETENSORS_NAME) as f:
         write_safetensors(tensors, f, metadata={"format": "pt"})
     files = {
         TOKENIZER_NAME: tokenizer.to_json(),
         "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
-        "config.json": json.dumps(config, indent=2) + "\n",  # last: a folder with a config.json is complete
     }
+    if tokenizer.chat_template is not None:
+        files[GENERATION_CONFIG_NAME] = json.dumps(generation_config(tokenizer, config.block_size), indent=2) + "\n"
+    files["config.json"] = json.dumps(hf, indent=2) + "\n"  # last: a folder with a config.json is complete
     for name, text in files.items():
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
@@ -205,7 +221,20 @@ def tokenizer_config(tokenizer: Tokenizer) -> dict:
     if tokenizer.eot_token is not None:
         eot = tokenizer.decode([tokenizer.eot_token]) if isinstance(tokenizer, JsonTokenizer) else END_OF_TEXT
         config |= {"eos_token": eot, "bos_token": eot}
+    if tokenizer.chat_template is not None:
+        # the template and the named tokens it is rendered with (its eos_token is where a reply ends), so
+        # that apply_chat_template gives the ids sample.py --chat feeds the model
+        config |= {"chat_template": tokenizer.chat_template, **tokenizer.template_variables}
     return config
+
+
+def generation_config(tokenizer: Tokenizer, block_size: int) -> dict:
+    """generation_config.json of a chat model: transformers' generate stops at the end of a turn (and at
+    the end-of-text token), where sample.py --chat stops, or where the model's context ends."""
+    stops = end_of_turn(tokenizer)
+    if tokenizer.eot_token is not None and tokenizer.eot_token not in stops:
+        stops.append(tokenizer.eot_token)
+    return {"eos_token_id": stops, "pad_token_id": stops[0], "max_length": block_size}
 
 
 def _model_files(directory: Path) -> list[str]:

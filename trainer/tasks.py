@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from data.chat import messages_problem
 from errors import UserError
 
 
@@ -183,27 +184,13 @@ def _arc_choices_problem(value: object) -> str | None:
     return None
 
 
-ROLES = ("system", "user", "assistant")
-
-
 def _messages_problem(value: object) -> str | None:
-    """A conversation that the model's reply continues: messages of a known role and non-empty
-    content, the last one the user's."""
-    if not isinstance(value, list):
-        return f"={_shown(value)} is {_kind(value)}, not a list"
-    if not value:
-        return "=[] is an empty list"
-    for number, message in enumerate(value):
-        if not isinstance(message, dict):
-            return f": message {number}={_shown(message)} is {_kind(message)}, not an object"
-        if message.get("role") not in ROLES:
-            return f": message {number}'s 'role'={_shown(message.get('role'))} is none of {', '.join(ROLES)}"
-        problem = _text_problem(message.get("content"))
-        if problem is not None:
-            return f": message {number}'s 'content'{problem}"
-    if value[-1]["role"] != "user":
+    """A conversation that the model's reply continues: messages as data/chat.py checks them, the last
+    one the user's."""
+    problem = messages_problem(value)
+    if problem is None and value[-1]["role"] != "user":
         return f": the last message is the {value[-1]['role']}'s, not the user's (the reply to it is what is scored)"
-    return None
+    return problem
 
 
 def _gsm8k_answer_problem(value: object) -> str | None:
