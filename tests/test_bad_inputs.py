@@ -571,7 +571,7 @@ CATALOGUE = [
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
     Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
     Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),
-    Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "--chat: the model in out/tiny/ckpt.pt has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
+    Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
     Case("chat-system-without-chat", "sample.py", ["--out-dir", "out/tiny", "--system", "Be brief."], "--system applies to --chat only"),
     Case("chat-with-export", "sample.py", ["--out-dir", "out/tiny", "--chat", "--export", "exported"], "--export does not apply to --chat, which holds one conversation (leave --export out)"),
 ]  # fmt: skip
