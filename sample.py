@@ -45,6 +45,7 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
+from trainer.gguf import check_gguf_file, export_gguf
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
@@ -78,6 +79,12 @@ def parse_args() -> argparse.Namespace:
         metavar="DIR",
         help="write the model to DIR as a Hugging Face folder (config.json, model.safetensors, tokenizer.json) "
         "that transformers' AutoModelForCausalLM and AutoTokenizer load, and sample nothing",
+    )
+    parser.add_argument(
+        "--export-gguf",
+        metavar="FILE.gguf",
+        help="write the model and its tokenizer to FILE.gguf for llama.cpp, Ollama or LM Studio (matrices in "
+        "--dtype: float32 for auto, float16 or bfloat16), and sample nothing; docs/shipping.md",
     )
     parser.add_argument(
         "--num-samples",
@@ -240,7 +247,15 @@ def main() -> None:
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.export is not None:
         check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
+    if args.export_gguf is not None:
+        check_gguf_file(Path(args.export_gguf))
     model, tokenizer, source = load_model(args)
+    if args.export_gguf is not None:
+        gguf_dtype = "float32" if args.dtype == "auto" else args.dtype
+        arch = export_gguf(model, tokenizer, Path(args.export_gguf), gguf_dtype, source)
+        print(f"wrote {source} as a llama.cpp {arch} model in {gguf_dtype} to {args.export_gguf}", file=sys.stderr)
+        if args.export is None:
+            return
     if args.export is not None:
         family = export_model(model, tokenizer, Path(args.export))
         print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)

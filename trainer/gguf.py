@@ -1,0 +1,145 @@
+"""sample.py --export-gguf: a model and its tokenizer as one GGUF file, which llama.cpp (and Ollama,
+LM Studio) runs. The architecture and tensors are model/gguf.py's; this file adds the tokenizer and
+writes the file (docs/shipping.md).
+
+llama.cpp's byte-level BPE ("gpt2" tokenizer model) reads GPT-2's BPE, a BPE trained by
+data/prepare.py and a folder's byte-level tokenizer.json split by GPT-2's pattern: its token
+strings in GPT-2's byte alphabet, its merges, the pre-tokenizer "gpt-2". A character vocabulary is
+the same tokenizer with no merges, which encodes each byte of text as the token spelling it: it
+works where every character is one byte (ASCII). Anything else is refused by name.
+"""
+
+import json
+from pathlib import Path
+
+from data.chat import end_of_turn
+from data.files import check_output_file, make_dir
+from data.tokenizer import CharTokenizer, Tokenizer, byte_level_alphabet, byte_level_spelling
+from errors import UserError
+from model import GPT
+from model.families import gguf_family_for, non_finite
+
+GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
+# gguf's token types (llama.cpp's llama_token_type)
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+
+
+def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse, before the model is loaded, an --export-gguf path that is a folder, a file the command
+    reads, or a file other than an earlier export (which is replaced)."""
+    from model.gguf import is_export  # gguf is imported only where a GGUF file is written
+
+    if Path(path).suffix != ".gguf":
+        raise UserError(f"--export-gguf={str(path)!r} does not end in .gguf (llama.cpp and Ollama look for FILE.gguf)")
+    check_output_file(Path(path), "--export-gguf", is_export, GGUF_KIND, inputs)
+
+
+def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
+    """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
+    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. Everything
+    is checked before the file is written, and the file appears whole or not at all."""
+    import gguf
+
+    from model.gguf import add_model, add_tensors, gguf_tensors
+
+    try:
+        family = gguf_family_for(model.config)
+    except ValueError as e:
+        raise UserError(f"--export-gguf cannot write this model: {e}") from None
+    state = model.state_dict()
+    problem = non_finite(state)
+    if problem is not None:
+        raise UserError(f"--export-gguf cannot write this model: its weight {problem} (export one from before it diverged)")
+    vocabulary = gguf_vocabulary(tokenizer, model.config.vocab_size)
+    tensors = gguf_tensors(state, model.config, family)
+    make_dir(Path(path).parent)
+    temporary = Path(path).with_name(f".{Path(path).name}.tmp")
+    writer = gguf.GGUFWriter(temporary, family.gguf.arch)
+    try:
+        add_model(writer, model.config, family, name=Path(path).stem, source=str(source))
+        add_tokenizer(writer, tokenizer, vocabulary)
+        add_tensors(writer, tensors, dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        temporary.replace(path)  # the file appears whole, replacing an earlier export only now
+    finally:
+        temporary.unlink(missing_ok=True)
+    return family.gguf.arch
+
+
+def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
+    """The tokens (GPT-2 byte alphabet), their types and the merges of llama.cpp's byte-level BPE for
+    tokenizer, padded to the model's vocab_size; a tokenizer it cannot read is refused by name."""
+    state = json.loads(tokenizer.to_json())
+    model = state["model"]
+    if isinstance(tokenizer, CharTokenizer):
+        wide = [ch for ch in tokenizer.chars if len(ch.encode("utf-8")) > 1]
+        if wide:
+            raise UserError(
+                f"--export-gguf cannot write this character vocabulary: {wide[0]!r} is {len(wide[0].encode())} "
+                f"bytes in UTF-8, and llama.cpp's byte-level tokenizer would split it into bytes this vocabulary "
+                f"has no tokens for (only vocabularies of one-byte characters, ASCII, export)"
+            )
+        vocab = {byte_level_spelling(ch.encode("utf-8")): i for ch, i in model["vocab"].items()}
+    else:
+        _check_byte_level(state, getattr(tokenizer, "source", tokenizer.name))
+        vocab = model["vocab"]
+    added = {token["id"]: token for token in state.get("added_tokens", [])}
+    tokens, types = [], []
+    by_id = {token_id: token for token, token_id in vocab.items()}
+    for token_id in range(vocab_size):
+        if token_id in added:
+            tokens.append(added[token_id]["content"])
+            types.append(CONTROL if added[token_id]["special"] else USER_DEFINED)
+        elif token_id in by_id:
+            tokens.append(by_id[token_id])
+            types.append(NORMAL)
+        else:  # an id no token has (the model's vocabulary padded past the tokenizer's)
+            tokens.append(f"[PAD{token_id}]")
+            types.append(UNUSED)
+    merges = [pair if isinstance(pair, str) else " ".join(pair) for pair in model.get("merges", [])]
+    return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def _check_byte_level(state: dict, source: str) -> None:
+    """A byte-level BPE split by GPT-2's pattern, with no normalizer: what llama.cpp's "gpt-2"
+    pre-tokenizer computes."""
+    model, pre_tokenizer = state.get("model") or {}, state.get("pre_tokenizer") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = model.get("type") if model.get("type") != "BPE" else "BPE with byte fallback (SentencePiece-style)"
+        raise UserError(
+            f"--export-gguf cannot write the tokenizer of {source}: it is a {kind}, and this export writes "
+            f"llama.cpp's byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, or a tokenizer.json like them)"
+        )
+    alphabet = set(byte_level_alphabet())
+    gpt2_split = pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex") is True
+    if not gpt2_split or pre_tokenizer.get("add_prefix_space") or state.get("normalizer") is not None:
+        raise UserError(
+            f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is not "
+            f"GPT-2's ByteLevel split, the one llama.cpp's \"gpt-2\" pre-tokenizer reproduces"
+        )
+    if not all(char in alphabet for token in model["vocab"] for char in token):
+        raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")
+
+
+def add_tokenizer(writer, tokenizer: Tokenizer, vocabulary: dict) -> None:
+    """The tokenizer's metadata: llama.cpp's byte-level BPE, end-of-text as both its bos and eos
+    (sample.py adds neither to a prompt, nor does llama.cpp here), and the chat template with the
+    token that ends a reply."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
+    writer.add_token_list(vocabulary["tokens"])
+    writer.add_token_types(vocabulary["types"])
+    writer.add_token_merges(vocabulary["merges"])
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    if tokenizer.eot_token is not None:
+        writer.add_bos_token_id(tokenizer.eot_token)
+        writer.add_eos_token_id(tokenizer.eot_token)
+    if tokenizer.chat_template is not None:
+        writer.add_chat_template(tokenizer.chat_template)
+        stops = end_of_turn(tokenizer)
+        if stops:
+            writer.add_eot_token_id(stops[0])
