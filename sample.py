@@ -45,8 +45,8 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
-from trainer.gguf import check_gguf_file, export_gguf
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
+from trainer.gguf import check_gguf_file, export_gguf
 from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 

@@ -1,5 +1,5 @@
 """A model as llama.cpp reads it: the GGUF architecture's settings and tensors, written with the
-`gguf` package (an optional dependency, imported only here).
+`gguf` package (imported by no other file of model/, which runs without it).
 
 Which families llama.cpp runs, and how, is the `gguf` column of families.py's table. The tensors are
 the family's Hugging Face tensors (families.tensors_to_hf's rows) under the names gguf's own
@@ -134,5 +134,5 @@ def is_export(path: Path) -> bool:
             if f.read(4) != b"GGUF":
                 return False
         return EXPORT_SOURCE_KEY in gguf.GGUFReader(path).fields
-    except (OSError, ValueError):
+    except Exception:  # a damaged or foreign file fails GGUFReader in many ways; each means "not ours"
         return False

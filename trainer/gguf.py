@@ -18,8 +18,12 @@ from data.tokenizer import CharTokenizer, Tokenizer, byte_level_alphabet, byte_l
 from errors import UserError
 from model import GPT
 from model.families import gguf_family_for, non_finite
+from model.gguf import add_model, add_tensors, gguf_tensors, is_export
 
 GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
+# llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
+# vocabulary gets this one, of two 0xFF bytes (spelled ÿ), which UTF-8 text never holds, so it never applies
+NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
 # gguf's token types (llama.cpp's llama_token_type)
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
@@ -27,8 +31,6 @@ NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     """Refuse, before the model is loaded, an --export-gguf path that is a folder, a file the command
     reads, or a file other than an earlier export (which is replaced)."""
-    from model.gguf import is_export  # gguf is imported only where a GGUF file is written
-
     if Path(path).suffix != ".gguf":
         raise UserError(f"--export-gguf={str(path)!r} does not end in .gguf (llama.cpp and Ollama look for FILE.gguf)")
     check_output_file(Path(path), "--export-gguf", is_export, GGUF_KIND, inputs)
@@ -38,10 +40,6 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
     the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. Everything
     is checked before the file is written, and the file appears whole or not at all."""
-    import gguf
-
-    from model.gguf import add_model, add_tensors, gguf_tensors
-
     try:
         family = gguf_family_for(model.config)
     except ValueError as e:
@@ -49,7 +47,9 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     state = model.state_dict()
     problem = non_finite(state)
     if problem is not None:
-        raise UserError(f"--export-gguf cannot write this model: its weight {problem} (export one from before it diverged)")
+        raise UserError(
+            f"--export-gguf cannot write this model: its weight {problem} (export one from before it diverged)"
+        )
     vocabulary = gguf_vocabulary(tokenizer, model.config.vocab_size)
     tensors = gguf_tensors(state, model.config, family)
     make_dir(Path(path).parent)
@@ -124,7 +124,7 @@ def _check_byte_level(state: dict, source: str) -> None:
         raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")
 
 
-def add_tokenizer(writer, tokenizer: Tokenizer, vocabulary: dict) -> None:
+def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: dict) -> None:
     """The tokenizer's metadata: llama.cpp's byte-level BPE, end-of-text as both its bos and eos
     (sample.py adds neither to a prompt, nor does llama.cpp here), and the chat template with the
     token that ends a reply."""
@@ -132,7 +132,7 @@ def add_tokenizer(writer, tokenizer: Tokenizer, vocabulary: dict) -> None:
     writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(vocabulary["tokens"])
     writer.add_token_types(vocabulary["types"])
-    writer.add_token_merges(vocabulary["merges"])
+    writer.add_token_merges(vocabulary["merges"] or [NO_MERGE])
     writer.add_add_bos_token(False)
     writer.add_add_eos_token(False)
     if tokenizer.eot_token is not None:
