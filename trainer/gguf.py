@@ -12,6 +12,8 @@ works where every character is one byte (ASCII). Anything else is refused by nam
 import json
 from pathlib import Path
 
+import gguf
+
 from data.chat import end_of_turn
 from data.files import check_output_file, make_dir
 from data.tokenizer import CharTokenizer, Tokenizer, byte_level_alphabet, byte_level_spelling
@@ -110,8 +112,8 @@ def _check_byte_level(state: dict, source: str) -> None:
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = model.get("type") if model.get("type") != "BPE" else "BPE with byte fallback (SentencePiece-style)"
         raise UserError(
-            f"--export-gguf cannot write the tokenizer of {source}: it is a {kind}, and this export writes "
-            f"llama.cpp's byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, or a tokenizer.json like them)"
+            f"--export-gguf cannot write the tokenizer of {source}: it is a {kind}, and this export writes llama.cpp's "
+            f"byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, or a tokenizer.json like them)"
         )
     alphabet = set(byte_level_alphabet())
     gpt2_split = pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex") is True
