@@ -16,7 +16,7 @@ import gguf
 
 from data.chat import end_of_turn
 from data.files import check_output_file, make_dir
-from data.tokenizer import CharTokenizer, Tokenizer, byte_level_alphabet, byte_level_spelling
+from data.tokenizer import Tokenizer, byte_level_alphabet, byte_level_spelling
 from errors import UserError
 from model import GPT
 from model.families import gguf_family_for, non_finite
@@ -76,8 +76,8 @@ def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
     tokenizer, padded to the model's vocab_size; a tokenizer it cannot read is refused by name."""
     state = json.loads(tokenizer.to_json())
     model = state["model"]
-    if isinstance(tokenizer, CharTokenizer):
-        wide = [ch for ch in tokenizer.chars if len(ch.encode("utf-8")) > 1]
+    if _is_characters(state):
+        wide = [ch for ch in model["vocab"] if len(ch.encode("utf-8")) > 1]
         if wide:
             raise UserError(
                 f"--export-gguf cannot write this character vocabulary: {wide[0]!r} is {len(wide[0].encode())} "
@@ -103,6 +103,14 @@ def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
             types.append(UNUSED)
     merges = [pair if isinstance(pair, str) else " ".join(pair) for pair in model.get("merges", [])]
     return {"tokens": tokens, "types": types, "merges": merges}
+
+
+def _is_characters(state: dict) -> bool:
+    """Whether a tokenizer.json is a character vocabulary (CharTokenizer.to_json's, or one read back
+    from a folder it was exported to): a BPE of single characters with no merges, joined by Fuse."""
+    model, decoder = state.get("model") or {}, state.get("decoder") or {}
+    characters = all(len(token) == 1 for token in model.get("vocab", {}))
+    return model.get("type") == "BPE" and not model.get("merges") and decoder.get("type") == "Fuse" and characters
 
 
 def _check_byte_level(state: dict, source: str) -> None:
