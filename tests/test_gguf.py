@@ -47,7 +47,7 @@ def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
         tensors["position_embd.weight"] = state["transformer.wpe.weight"]
     norm_bias = arch in ("gpt2", "stablelm")  # families whose LayerNorms always have a bias: zeros where ours lack it
     for i in range(config.n_layer):
-        ours = lambda name: state.get(f"transformer.h.{i}.{name}")  # noqa: E731
+        ours = lambda name, i=i: state.get(f"transformer.h.{i}.{name}")  # noqa: E731
         blk = f"blk.{i}."
         for their, our in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
             tensors[blk + their + ".weight"] = ours(our + ".weight")
