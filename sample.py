@@ -5,11 +5,14 @@
     python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
+    python sample.py --out-dir out/shakespeare_char --export-gguf shakespeare.gguf   # for llama.cpp
 
 --export writes the folder of the Hugging Face family that computes the model (GPT-2, Llama, Qwen3,
 StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
 export writes and no other model: nothing in it is replaced.
+--export-gguf writes one GGUF file of the llama.cpp architecture that computes the model (gpt2,
+llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md).
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times

@@ -708,6 +708,8 @@ def markdown_tables() -> str:
     head = "| | " + " | ".join(f"{f.model_type} (`{f.architecture}`)" for f in FAMILIES) + " |"
     rule = "|---" * (len(FAMILIES) + 1) + "|"
     lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
+    runners = [f"`{f.gguf.arch}`" if f.gguf else "-" for f in FAMILIES]
+    lines.append("| llama.cpp architecture (`--export-gguf`) | " + " | ".join(runners) + " |")
     for switch in SWITCHES:
         name = "n_kv_head < n_head" if switch == "grouped_query" else switch
         cells = [_cell(switch, f.computes[switch]) for f in FAMILIES]
