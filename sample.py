@@ -49,7 +49,7 @@ from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
-from trainer.gguf import check_gguf_file, export_gguf
+from trainer.gguf import write_gguf
 from trainer.pretrained import check_export_folder, export_model, model_from_pretrained
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
@@ -246,19 +246,14 @@ def unescape(text: str) -> str:
 
 def main() -> None:
     args = parse_args()
+    if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
+        write_gguf(Path(args.export_gguf), args.dtype, lambda: load_model(args), also=args.export)
+        return
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.export is not None:
         check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
-    if args.export_gguf is not None:
-        check_gguf_file(Path(args.export_gguf))
     model, tokenizer, source = load_model(args)
-    if args.export_gguf is not None:
-        gguf_dtype = "float32" if args.dtype == "auto" else args.dtype
-        arch = export_gguf(model, tokenizer, Path(args.export_gguf), gguf_dtype, source)
-        print(f"wrote {source} as a llama.cpp {arch} model in {gguf_dtype} to {args.export_gguf}", file=sys.stderr)
-        if args.export is None:
-            return
     if args.export is not None:
         family = export_model(model, tokenizer, Path(args.export))
         print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)

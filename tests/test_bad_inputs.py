@@ -551,6 +551,7 @@ CATALOGUE = [
     Case("gguf-path-exists", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file of an earlier sample.py --export-gguf: it is never replaced", write_files("model.gguf")),
     Case("gguf-path-before-loading", "sample.py", ["--out-dir", "out/missing", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file", write_files("model.gguf")),
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
+    Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
 ]  # fmt: skip
 

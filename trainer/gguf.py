@@ -10,6 +10,8 @@ works where every character is one byte (ASCII). Anything else is refused by nam
 """
 
 import json
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -28,6 +30,19 @@ GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
 # gguf's token types (llama.cpp's llama_token_type)
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+
+
+def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, Path]], also: str | None) -> None:
+    """sample.py --export-gguf: check path, load the model (load() gives it, its tokenizer and where it
+    came from), write the file and say so. dtype is --dtype's value: auto is float32. `also`: an --export
+    given with it, refused (one format a command)."""
+    if also is not None:
+        raise UserError(f"--export-gguf={str(path)!r} and --export={also!r} write one format each (give one of them)")
+    check_gguf_file(path)  # before a model, perhaps a large download, is loaded
+    model, tokenizer, source = load()
+    dtype = "float32" if dtype == "auto" else dtype
+    arch = export_gguf(model, tokenizer, path, dtype, source)
+    print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
 
 
 def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
