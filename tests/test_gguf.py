@@ -15,6 +15,7 @@ from errors import UserError
 from model.families import FAMILY_BY_TYPE, split_gate_up, split_qkv
 from model.gguf import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope
 from tests.conftest import PROJECT_ROOT, run_script, tiny_config, tiny_model
+from tests.test_chat import LLAMA3_SPLIT, QWEN2_SPLIT
 from tests.test_families import OUR_MODELS, QUICKSTART_SWITCHES, TOKENIZER, VOCAB, trained_like
 from trainer.config import load_config
 from trainer.gguf import export_gguf
@@ -168,6 +169,38 @@ def test_a_trained_bpe_and_a_chat_template_travel_in_the_file(tmp_path):
     assert field(reader, "tokenizer.ggml.eot_token_id") == im_end
 
 
+def split_bpe(pattern: str) -> JsonTokenizer:
+    """A tiny byte-level BPE split by pattern before a plain ByteLevel, as Qwen2's and Llama 3's are."""
+    import tokenizers
+    from tokenizers import Regex, pre_tokenizers
+
+    model = tokenizers.Tokenizer(tokenizers.models.BPE())
+    split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    model.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    model.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    model.train_from_iterator(["ROMEO: What light through yonder window breaks? 12345 " * 30], trainer=trainer)
+    return JsonTokenizer(model.to_str(), source="split/tokenizer.json")
+
+
+@pytest.mark.parametrize("pattern, pre", [(QWEN2_SPLIT, "qwen2"), (LLAMA3_SPLIT, "llama-bpe")])
+def test_qwen2_and_llama3_split_patterns_name_llama_cpps_pre_tokenizer(pattern, pre, tmp_path):
+    tokenizer = split_bpe(pattern)
+    _, _, reader = export(tmp_path, "qwen3", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size)
+    assert field(reader, "tokenizer.ggml.pre") == pre
+    merges = json.loads(tokenizer.to_json())["model"]["merges"]
+    assert field(reader, "tokenizer.ggml.merges") == [m if isinstance(m, str) else " ".join(m) for m in merges]
+
+
+def test_another_split_pattern_is_refused_by_name(tmp_path):
+    with pytest.raises(UserError, match="tokenizer of split/tokenizer.json: its pre-tokenizer or normalizer is none"):
+        export(tmp_path, "qwen3", tokenizer=split_bpe(r"\w+|\s+"), vocab_size=400)
+
+
 def test_a_character_vocabulary_is_spelled_in_bytes_and_padded_to_the_model(tmp_path):
     tokenizer = CharTokenizer("\n !ABab")
     _, _, reader = export(tmp_path, "stablelm-quickstart", tokenizer=tokenizer, vocab_size=10)
@@ -267,6 +300,17 @@ def test_llama_cpp_runs_a_gpt2_bpe_model_as_sample_py_does(tmp_path):
     export_model(model, tokenizer, tmp_path / "folder")
     source = ["--init-from", str(tmp_path / "folder")]
     assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO: What light through", 20, model)
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", [QWEN2_SPLIT, LLAMA3_SPLIT], ids=["qwen2", "llama3"])
+def test_llama_cpp_splits_and_runs_a_qwen3_model_with_a_split_bpe_as_sample_py_does(pattern, tmp_path):
+    tokenizer = split_bpe(pattern)
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, **GGUF_MODELS["qwen3"][0]), 3)
+    export_model(model, tokenizer, tmp_path / "folder")
+    source = ["--init-from", str(tmp_path / "folder")]
+    assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO: What 12345 light's  through", 16, model)
 
 
 @llama_cpp_needed

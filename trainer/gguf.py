@@ -18,7 +18,7 @@ import gguf
 
 from data.chat import end_of_turn
 from data.files import check_output_file, make_dir
-from data.tokenizer import Tokenizer, byte_level_alphabet, byte_level_spelling
+from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
 from model import GPT
 from model.families import gguf_family_for, non_finite
@@ -28,6 +28,14 @@ GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
 # vocabulary gets this one, of two 0xFF bytes (spelled ÿ), which UTF-8 text never holds, so it never applies
 NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
+# the split patterns of byte-level BPEs (their tokenizer.json's Split before a ByteLevel) and the llama.cpp
+# pre-tokenizer that splits as each does: Qwen2's (Qwen2.5, Qwen3; digits one at a time) and Llama 3's (up to three)
+SPLIT_PATTERNS = {
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen2",
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "llama-bpe",
+}  # fmt: skip
 # gguf's token types (llama.cpp's llama_token_type)
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
@@ -100,8 +108,9 @@ def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
                 f"has no tokens for (only vocabularies of one-byte characters, ASCII, export)"
             )
         vocab = {byte_level_spelling(ch.encode("utf-8")): i for ch, i in model["vocab"].items()}
+        pre = "gpt-2"  # with no merges, any split gives one token a character
     else:
-        _check_byte_level(state, getattr(tokenizer, "source", tokenizer.name))
+        pre = pre_tokenizer_name(state, getattr(tokenizer, "source", tokenizer.name))
         vocab = model["vocab"]
     added = {token["id"]: token for token in state.get("added_tokens", [])}
     tokens, types = [], []
@@ -117,7 +126,7 @@ def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
             tokens.append(f"[PAD{token_id}]")
             types.append(UNUSED)
     merges = [pair if isinstance(pair, str) else " ".join(pair) for pair in model.get("merges", [])]
-    return {"tokens": tokens, "types": types, "merges": merges}
+    return {"tokens": tokens, "types": types, "merges": merges, "pre": pre}
 
 
 def _is_characters(state: dict) -> bool:
@@ -128,25 +137,37 @@ def _is_characters(state: dict) -> bool:
     return model.get("type") == "BPE" and not model.get("merges") and decoder.get("type") == "Fuse" and characters
 
 
-def _check_byte_level(state: dict, source: str) -> None:
-    """A byte-level BPE split by GPT-2's pattern, with no normalizer: what llama.cpp's "gpt-2"
-    pre-tokenizer computes."""
-    model, pre_tokenizer = state.get("model") or {}, state.get("pre_tokenizer") or {}
+def pre_tokenizer_name(state: dict, source: str) -> str:
+    """The llama.cpp pre-tokenizer that splits text as a byte-level BPE's tokenizer.json does: GPT-2's
+    ByteLevel split ("gpt-2"), or a Split by one of SPLIT_PATTERNS before a plain ByteLevel. Another
+    model, split or normalizer is refused by name. (Qwen2's NFC normalizer is let through, as
+    llama.cpp's converter lets it: NFC leaves text alone unless it holds combining characters.)"""
+    model = state.get("model") or {}
     if model.get("type") != "BPE" or model.get("byte_fallback"):
         kind = model.get("type") if model.get("type") != "BPE" else "BPE with byte fallback (SentencePiece-style)"
         raise UserError(
             f"--export-gguf cannot write the tokenizer of {source}: it is a {kind}, and this export writes llama.cpp's "
-            f"byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, or a tokenizer.json like them)"
+            f"byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, Qwen2's or Llama 3's kind)"
         )
-    alphabet = set(byte_level_alphabet())
-    gpt2_split = pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex") is True
-    if not gpt2_split or pre_tokenizer.get("add_prefix_space") or state.get("normalizer") is not None:
+    pre, normalizer = state.get("pre_tokenizer") or {}, state.get("normalizer")
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    name = None
+    if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex"):
+        name = "gpt-2"
+    elif len(steps) == 2 and [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
+        split, byte_level = steps
+        plain = split.get("behavior") == "Isolated" and not split.get("invert") and not byte_level.get("use_regex")
+        name = SPLIT_PATTERNS.get((split.get("pattern") or {}).get("Regex")) if plain else None
+    if any(step.get("add_prefix_space") for step in steps) or normalizer not in (None, {"type": "NFC"}):
+        name = None
+    if name is None:
         raise UserError(
-            f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is not "
-            f"GPT-2's ByteLevel split, the one llama.cpp's \"gpt-2\" pre-tokenizer reproduces"
+            f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is none that "
+            f"llama.cpp reproduces here (GPT-2's ByteLevel split, Qwen2's or Llama 3's split pattern)"
         )
-    if not all(char in alphabet for token in model["vocab"] for char in token):
+    if not all(char in byte_level_bytes() for token in model["vocab"] for char in token):
         raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")
+    return name
 
 
 def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: dict) -> None:
@@ -154,7 +175,7 @@ def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: d
     (sample.py adds neither to a prompt, nor does llama.cpp here), and the chat template with the
     token that ends a reply."""
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre(vocabulary["pre"])
     writer.add_token_list(vocabulary["tokens"])
     writer.add_token_types(vocabulary["types"])
     writer.add_token_merges(vocabulary["merges"] or [NO_MERGE])
