@@ -62,8 +62,8 @@ def gguf_tensors(state: dict[str, torch.Tensor], config: GPTConfig, family: Fami
     names = gguf.get_tensor_name_map(ARCHITECTURES[family.gguf.arch], config.n_layer)
     shapes = _shapes(config, bias=True)
     tensors = {}
+    dtype = state["transformer.wte.weight"].dtype
     for weight, present, ours, theirs, heads in _rows(family, config):
-        dtype = state["transformer.wte.weight"].dtype
         tensor = state[ours] if present else torch.zeros(shapes[ours], dtype=dtype)
         if weight.convert == "per_head":
             theirs, parts = [_stacked_name(weight.theirs[0]).format(i=_block(ours))], [tensor.expand(heads, -1)]

@@ -115,17 +115,20 @@ def test_gguf_file_holds_the_architecture_settings_and_our_tensors(key, tmp_path
     } <= names
 
 
-def test_float16_export_holds_matrices_in_float16_and_norms_in_float32(tmp_path):
-    model, _, reader = export(tmp_path, "qwen3", dtype="float16")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_export_holds_matrices_rounded_as_torch_rounds_them_and_norms_in_float32(dtype, tmp_path):
+    model, _, reader = export(tmp_path, "qwen3", dtype=dtype)
     expected = expected_tensors(model, "qwen3")
     for tensor in reader.tensors:
-        wanted = expected[tensor.name].numpy()
-        if wanted.ndim > 1:
-            assert tensor.tensor_type == gguf.GGMLQuantizationType.F16, tensor.name
-            np.testing.assert_array_equal(tensor.data, wanted.astype(np.float16), err_msg=tensor.name)
+        wanted = expected[tensor.name]
+        if wanted.dim() > 1:
+            assert tensor.tensor_type == gguf.GGMLQuantizationType[{"float16": "F16", "bfloat16": "BF16"}[dtype]]
+            raw = torch.from_numpy(tensor.data.copy().view(np.int16)).view(getattr(torch, dtype))
+            assert torch.equal(raw.reshape(wanted.shape), wanted.to(getattr(torch, dtype))), tensor.name
         else:
             assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
-    assert field(reader, "general.file_type") == gguf.LlamaFileType.MOSTLY_F16
+    file_type = {"float16": gguf.LlamaFileType.MOSTLY_F16, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]
+    assert field(reader, "general.file_type") == file_type
 
 
 @pytest.mark.parametrize("heads, head_size", [(4, 8), (1, 16), (2, 2)])
