@@ -36,6 +36,9 @@ SPLIT_PATTERNS = {
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
     r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "llama-bpe",
 }  # fmt: skip
+# the id llama.cpp takes for the end of text (and the start) of a byte-level BPE whose file names none (its
+# llama-vocab.cpp's default): a character vocabulary without <|endoftext|> cannot tell it otherwise
+LLAMA_CPP_DEFAULT_EOS = 11
 # gguf's token types (llama.cpp's llama_token_type)
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
@@ -51,6 +54,13 @@ def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, 
     dtype = "float32" if dtype == "auto" else dtype
     arch = export_gguf(model, tokenizer, path, dtype, source)
     print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
+    if tokenizer.eot_token is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
+        shown = tokenizer.decode([LLAMA_CPP_DEFAULT_EOS])
+        print(
+            f"note: this vocabulary has no end-of-text token, and llama.cpp takes token {LLAMA_CPP_DEFAULT_EOS} "
+            f"({shown!r}) for one: run it with --ignore-eos to generate past it",
+            file=sys.stderr,
+        )
 
 
 def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
