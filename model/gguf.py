@@ -24,7 +24,7 @@ from .families import CONVERSIONS, Family, _rows, _shapes
 from .gpt import GPTConfig
 
 # --dtype's names -> the GGUF type of matrices (norm weights and biases stay float32, as llama.cpp's own
-# converter writes them: its kernels read 1-D tensors in float32)
+# converter writes them: its kernels multiply by a norm's weight only in float32)
 MATRIX_TYPES = {
     "float32": gguf.GGMLQuantizationType.F32,
     "float16": gguf.GGMLQuantizationType.F16,
@@ -119,7 +119,8 @@ def add_tensors(writer: "gguf.GGUFWriter", tensors: dict[str, torch.Tensor], dty
     writer.add_file_type(FILE_TYPES[dtype])
     for name, tensor in tensors.items():
         data = tensor.detach().to("cpu", torch.float32).numpy()
-        kind = MATRIX_TYPES[dtype] if tensor.dim() > 1 else gguf.GGMLQuantizationType.F32
+        matrix = tensor.dim() > 1 and not name.endswith("_norm.weight")  # StableLM's per-head norms are 2-D
+        kind = MATRIX_TYPES[dtype] if matrix else gguf.GGMLQuantizationType.F32
         if kind == gguf.GGMLQuantizationType.F16:
             data = data.astype(np.float16)
         elif kind == gguf.GGMLQuantizationType.BF16:
