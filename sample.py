@@ -5,6 +5,7 @@
     python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
+    python sample.py --out-dir out/shakespeare_char --export-gguf shakespeare.gguf   # for llama.cpp
 
 The first line on stderr says what was loaded: for a run, its checkpoint, whether it was picked as
 the newest, its step of train.max_iters (interrupted if it stopped before them) and its last val
@@ -14,6 +15,8 @@ loss.
 StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a model no family
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
 export writes and no other model: nothing in it is replaced.
+--export-gguf writes one GGUF file of the llama.cpp architecture that computes the model (gpt2,
+llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md).
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
@@ -54,6 +57,7 @@ from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.chat import chat_in_terminal, check_chat_options
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run
+from trainer.gguf import write_gguf
 from trainer.loading import RUNS_ROOT, load_model
 from trainer.lora import export_run_adapter
 from trainer.pretrained import check_export_folder, export_model
@@ -101,6 +105,12 @@ def parse_args() -> argparse.Namespace:
         "with --prompt, answer that one message and exit",
     )
     parser.add_argument("--system", metavar="TEXT", help="--chat: the system message that opens the conversation")
+    parser.add_argument(
+        "--export-gguf",
+        metavar="FILE.gguf",
+        help="write the model and its tokenizer to FILE.gguf for llama.cpp, Ollama or LM Studio (matrices in "
+        "--dtype: float32 for auto, float16 or bfloat16), and sample nothing; docs/shipping.md",
+    )
     parser.add_argument(
         "--num-samples",
         type=int,
@@ -250,6 +260,14 @@ def unescape(text: str) -> str:
 
 def main() -> None:
     args = parse_args()
+    if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
+        write_gguf(
+            Path(args.export_gguf),
+            args.dtype,
+            lambda: load_model(args.out_dir, init_from=args.init_from),
+            also=args.export,
+        )
+        return
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
     if args.export_adapter is not None:

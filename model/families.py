@@ -96,6 +96,16 @@ class Weight:
 
 
 @dataclass(frozen=True)
+class Gguf:
+    """How llama.cpp runs a family: its architecture name in a GGUF file, and the two ways its loader
+    differs from transformers' (the tensor names are gguf's own map of the family's names)."""
+
+    arch: str  # general.architecture
+    adjacent_rope: bool = False  # RoPE turns features 2i and 2i+1 together (llama.cpp's "norm" rope), not i and i + D/2
+    output_required: bool = False  # it reads no tied output layer: a tied embedding is written again as the output
+
+
+@dataclass(frozen=True)
 class Family:
     model_type: str
     architecture: str  # the transformers class AutoModelForCausalLM builds
@@ -107,6 +117,7 @@ class Family:
     skipped: tuple[str, ...] = ()  # their tensors that are constants, not weights (GPT-2's stored causal mask)
     optional_prefix: str = ""  # a prefix some of their files leave off the tensor names
     ignored: tuple[str, ...] = ()  # their keys that compute nothing once `fixed` holds (Qwen3's unused window)
+    gguf: Gguf | None = None  # how llama.cpp runs it (docs/shipping.md); None: --export-gguf refuses it
 
 
 # our settings a family's config.json carries; see resolved()
@@ -219,6 +230,7 @@ FAMILIES = (
         weights=_gpt2_weights(),
         skipped=("transformer.h.{i}.attn.bias", "transformer.h.{i}.attn.masked_bias"),
         optional_prefix="transformer.",
+        gguf=Gguf("gpt2"),
     ),
     Family(
         model_type="llama",
@@ -230,6 +242,7 @@ FAMILIES = (
                   "pretraining_tp": 1, "rope_interleaved": False},
         fixed={**_LLAMA_FIXED, "pretraining_tp": 1, "rope_interleaved": False},
         weights=_llama_weights(linear_bias=True, mlp_bias=True),
+        gguf=Gguf("llama", adjacent_rope=True),
     ),
     Family(
         model_type="qwen3",
@@ -241,6 +254,7 @@ FAMILIES = (
         fixed={**_LLAMA_FIXED, "attention_bias": False, "use_sliding_window": False},
         weights=_llama_weights(qk_norm=("q_norm.weight", "k_norm.weight")),
         ignored=("sliding_window",),
+        gguf=Gguf("qwen3"),
     ),
     Family(
         model_type="stablelm",
@@ -256,6 +270,7 @@ FAMILIES = (
         weights=_llama_weights(
             norm_bias=True, qk_norm=("q_layernorm.norms.{h}.weight", "k_layernorm.norms.{h}.weight")
         ),
+        gguf=Gguf("stablelm", output_required=True),
     ),
     Family(
         model_type="mistral",
@@ -301,33 +316,45 @@ def _setting(switch: str, value: object) -> str:
     return f"model.{switch}={shown}"
 
 
-def family_for(config: GPTConfig) -> Family:
-    """The first family that computes every switch of config. None computes it: a ValueError naming
-    the switch (one no family computes, or the nearest family's first difference) and what would export."""
+def family_for(
+    config: GPTConfig, families: tuple[Family, ...] = FAMILIES, reader: str = "Hugging Face family"
+) -> Family:
+    """The first of families that computes every switch of config. None computes it: a ValueError
+    naming the switch (one no family computes, or the nearest family's first difference) and what
+    would export; `reader` says what a family stands for in the message."""
     values = switches(config)
-    for family in FAMILIES:
+    for family in families:
         if all(_accepts(family, switch, value) for switch, value in values.items()):
             return family
+    names = ", ".join(family.model_type for family in families)
     for switch, value in values.items():
-        if not any(_accepts(family, switch, value) for family in FAMILIES):
-            accepted = sorted({str(v) for f in FAMILIES for v in (f.computes[switch] or ())})
+        if not any(_accepts(family, switch, value) for family in families):
+            accepted = sorted({str(v) for f in families for v in (f.computes[switch] or ())})
             return_to = (
                 f"model.{switch}={accepted[0].lower()}" if len(accepted) == 1 else f"one of {', '.join(accepted)}"
             )
             raise ValueError(
-                f"{_setting(switch, value)} is computed by no Hugging Face family ({', '.join(FAMILY_BY_TYPE)}): "
-                f"only a model with {return_to} exports"
+                f"{_setting(switch, value)} is computed by no {reader} ({names}): only a model with {return_to} exports"
             )
-    misses = {f.model_type: [s for s, v in values.items() if not _accepts(f, s, v)] for f in FAMILIES}
-    nearest = min(FAMILIES, key=lambda f: len(misses[f.model_type]))
+    misses = {f.model_type: [s for s, v in values.items() if not _accepts(f, s, v)] for f in families}
+    nearest = min(families, key=lambda f: len(misses[f.model_type]))
     switch = misses[nearest.model_type][0]
     accepted = nearest.computes[switch]
     need = _setting(switch, accepted[0]) if accepted else f"model.{switch} > 0"
     raise ValueError(
-        f"{_setting(switch, values[switch])} with this model's other switches is computed by no Hugging Face family: "
+        f"{_setting(switch, values[switch])} with this model's other switches is computed by no {reader}: "
         f"the nearest, {nearest.model_type}, needs {need}"
         + (f" and {len(misses[nearest.model_type]) - 1} more change(s)" if len(misses[nearest.model_type]) > 1 else "")
     )
+
+
+GGUF_FAMILIES = tuple(family for family in FAMILIES if family.gguf is not None)
+
+
+def gguf_family_for(config: GPTConfig) -> Family:
+    """The first family llama.cpp runs that computes every switch of config, or family_for's ValueError
+    naming the switch."""
+    return family_for(config, GGUF_FAMILIES, reader="llama.cpp architecture")
 
 
 def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> dict:
@@ -681,6 +708,8 @@ def markdown_tables() -> str:
     head = "| | " + " | ".join(f"{f.model_type} (`{f.architecture}`)" for f in FAMILIES) + " |"
     rule = "|---" * (len(FAMILIES) + 1) + "|"
     lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
+    runners = [f"`{f.gguf.arch}`" if f.gguf else "-" for f in FAMILIES]
+    lines.append("| llama.cpp architecture (`--export-gguf`) | " + " | ".join(runners) + " |")
     for switch in SWITCHES:
         name = "n_kv_head < n_head" if switch == "grouped_query" else switch
         cells = [_cell(switch, f.computes[switch]) for f in FAMILIES]

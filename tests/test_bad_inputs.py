@@ -574,6 +574,13 @@ CATALOGUE = [
     Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
     Case("chat-system-without-chat", "sample.py", ["--out-dir", "out/tiny", "--system", "Be brief."], "--system applies to --chat only"),
     Case("chat-with-export", "sample.py", ["--out-dir", "out/tiny", "--chat", "--export", "exported"], "--export does not apply to --chat, which holds one conversation (leave --export out)"),
+    # GGUF files for llama.cpp (sample.py --export-gguf)
+    Case("gguf-path-is-a-folder", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' is a directory, not a file", write_files("model.gguf/notes.txt")),
+    Case("gguf-path-exists", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file of an earlier sample.py --export-gguf: it is never replaced", write_files("model.gguf")),
+    Case("gguf-path-before-loading", "sample.py", ["--out-dir", "out/missing", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file", write_files("model.gguf")),
+    Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
+    Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
+    Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
 ]  # fmt: skip
 
 

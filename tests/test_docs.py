@@ -95,6 +95,8 @@ NOT_RUN = {
     'pip install -e ".[test]"': "installs packages from the network (.ci/run runs it before the tests)",
     "python -m pytest": "the test suite itself",
     "python -m pytest tests/test_families.py tests/test_hf_gpt2.py -q": "part of the test suite itself",
+    "pip install llama-cpp-python": "builds llama.cpp from source (25 minutes or more on 2 cores)",
+    "python -m pytest tests/test_gguf.py -q": "part of the test suite itself",
     # a model folder from the hub
     "hf download openai-community/gpt2 config.json model.safetensors --local-dir models/gpt2": HUB,
     'python sample.py --init-from models/gpt2 --prompt "Hello, my name is"': "needs GPT-2's folder (hf download)",

@@ -1,0 +1,139 @@
+"""A model as llama.cpp reads it: the GGUF architecture's settings and tensors, written with the
+`gguf` package (imported by no other file of model/, which runs without it).
+
+Which families llama.cpp runs, and how, is the `gguf` column of families.py's table. The tensors are
+the family's Hugging Face tensors (families.tensors_to_hf's rows) under the names gguf's own
+TensorNameMap gives them, with three differences from a Hugging Face folder:
+
+    Linear layout: GGUF keeps every matrix as (out, in), ours; GPT-2's Conv1D transposition is undone
+    per head:      StableLM's per-head norms are one (heads, head_dim) tensor, not one per head
+    adjacent RoPE: llama.cpp's "llama" turns features 2i and 2i+1 together where transformers turns
+                   i and i + D/2, so each head's query and key rows are interleaved (permute_rope)
+
+Problems raise ValueError naming the switch or tensor.
+"""
+
+import re
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+from .families import CONVERSIONS, Family, _rows, _shapes
+from .gpt import GPTConfig
+
+# --dtype's names -> the GGUF type of matrices (norm weights and biases stay float32, as llama.cpp's own
+# converter writes them: its kernels multiply by a norm's weight only in float32)
+MATRIX_TYPES = {
+    "float32": gguf.GGMLQuantizationType.F32,
+    "float16": gguf.GGMLQuantizationType.F16,
+    "bfloat16": gguf.GGMLQuantizationType.BF16,
+}
+FILE_TYPES = {"float32": gguf.LlamaFileType.ALL_F32, "float16": gguf.LlamaFileType.MOSTLY_F16}
+FILE_TYPES["bfloat16"] = gguf.LlamaFileType.MOSTLY_BF16
+ARCHITECTURES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
+EXPORT_SOURCE_KEY = "export.source"  # the checkpoint or folder a file was written from: marks it as ours
+
+
+def permute_rope(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows (or a bias) of heads query or key heads in transformers' RoPE order (feature i pairs
+    with i + D/2) -> llama.cpp's adjacent order (feature 2i pairs with 2i + 1), within each head."""
+    rows = tensor.shape[0]
+    halves = tensor.reshape(heads, 2, rows // heads // 2, *tensor.shape[1:])  # (H, 2, D/2, ...)
+    return halves.transpose(1, 2).reshape(tensor.shape)
+
+
+def unpermute_rope(tensor: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of permute_rope."""
+    rows = tensor.shape[0]
+    pairs = tensor.reshape(heads, rows // heads // 2, 2, *tensor.shape[1:])  # (H, D/2, 2, ...)
+    return pairs.transpose(1, 2).reshape(tensor.shape)
+
+
+def _stacked_name(template: str) -> str:
+    """StableLM's per-head norms (q_layernorm.norms.{h}.weight) as one tensor under the container's
+    name (q_layernorm.weight), as llama.cpp reads them."""
+    return re.sub(r"\.\w+\.\{h\}", "", template)
+
+
+def gguf_tensors(state: dict[str, torch.Tensor], config: GPTConfig, family: Family) -> dict[str, torch.Tensor]:
+    """The GGUF tensors of the model (state's dtype), by name."""
+    names = gguf.get_tensor_name_map(ARCHITECTURES[family.gguf.arch], config.n_layer)
+    shapes = _shapes(config, bias=True)
+    tensors = {}
+    dtype = state["transformer.wte.weight"].dtype
+    for weight, present, ours, theirs, heads in _rows(family, config):
+        tensor = state[ours] if present else torch.zeros(shapes[ours], dtype=dtype)
+        if weight.convert == "per_head":
+            theirs, parts = [_stacked_name(weight.theirs[0]).format(i=_block(ours))], [tensor.expand(heads, -1)]
+        elif weight.convert == "conv1d":
+            parts = [tensor]
+        else:
+            parts = CONVERSIONS[weight.convert].to_theirs(tensor, config, heads)
+        for their, part in zip(theirs, parts, strict=True):
+            name = names.get_name(their, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ValueError(f"gguf's tensor map has no name for {family.model_type}'s {their}")
+            tensors[name] = part
+    if family.gguf.adjacent_rope:
+        for name in list(tensors):
+            kind = re.search(r"\.attn_([qk])\.", name)
+            if kind:
+                heads = config.n_head if kind.group(1) == "q" else config.kv_heads
+                tensors[name] = permute_rope(tensors[name], heads)
+    if family.gguf.output_required and config.tie_embeddings:
+        tensors["output.weight"] = tensors["token_embd.weight"]
+    return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+def _block(name: str) -> int:
+    """The block number in one of our tensor names (transformer.h.3.attn...)."""
+    return int(name.split(".")[2])
+
+
+def add_model(writer: "gguf.GGUFWriter", config: GPTConfig, family: Family, name: str, source: str) -> None:
+    """The architecture's settings: sizes, RoPE, the norm's epsilon."""
+    writer.add_name(name)
+    writer.add_string(EXPORT_SOURCE_KEY, source)
+    writer.add_context_length(config.block_size)
+    writer.add_embedding_length(config.n_embd)
+    writer.add_block_count(config.n_layer)
+    writer.add_feed_forward_length(config.mlp_hidden)
+    writer.add_head_count(config.n_head)
+    writer.add_head_count_kv(config.kv_heads)
+    writer.add_key_length(config.head_size)
+    writer.add_value_length(config.head_size)
+    writer.add_vocab_size(config.vocab_size)
+    if config.pos_emb == "rope":
+        writer.add_rope_dimension_count(config.head_size)
+        writer.add_rope_freq_base(config.rope_base)
+    if config.norm == "rmsnorm":
+        writer.add_layer_norm_rms_eps(config.norm_eps)
+    else:
+        writer.add_layer_norm_eps(config.norm_eps)
+
+
+def add_tensors(writer: "gguf.GGUFWriter", tensors: dict[str, torch.Tensor], dtype: str) -> None:
+    """Each tensor as float32, or matrices in dtype (float16, bfloat16)."""
+    writer.add_file_type(FILE_TYPES[dtype])
+    for name, tensor in tensors.items():
+        data = tensor.detach().to("cpu", torch.float32).numpy()
+        matrix = tensor.dim() > 1 and not name.endswith("_norm.weight")  # StableLM's per-head norms are 2-D
+        kind = MATRIX_TYPES[dtype] if matrix else gguf.GGMLQuantizationType.F32
+        if kind == gguf.GGMLQuantizationType.F16:
+            data = data.astype(np.float16)
+        elif kind == gguf.GGMLQuantizationType.BF16:
+            data = gguf.quants.quantize(data, kind)
+        writer.add_tensor(name, data, raw_dtype=kind)
+
+
+def is_export(path: Path) -> bool:
+    """Whether path is a GGUF file this export wrote (it carries EXPORT_SOURCE_KEY)."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return False
+        return EXPORT_SOURCE_KEY in gguf.GGUFReader(path).fields
+    except Exception:  # a damaged or foreign file fails GGUFReader in many ways; each means "not ours"
+        return False

@@ -1,0 +1,335 @@
+"""sample.py --export-gguf: the file read back with gguf's own reader holds llama.cpp's architecture,
+settings, tokenizer and our tensors; where llama-cpp-python is installed (pip install
+llama-cpp-python), llama.cpp's greedy continuation equals sample.py --temperature 0."""
+
+import json
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from data.chat import chat_tokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe
+from errors import UserError
+from model.families import FAMILY_BY_TYPE, split_gate_up, split_qkv
+from model.gguf import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope
+from tests.conftest import PROJECT_ROOT, run_script, tiny_config, tiny_model
+from tests.test_chat import LLAMA3_SPLIT, QWEN2_SPLIT
+from tests.test_families import OUR_MODELS, QUICKSTART_SWITCHES, TOKENIZER, VOCAB, trained_like
+from trainer.config import load_config
+from trainer.gguf import export_gguf
+from trainer.loop import Trainer
+from trainer.pretrained import export_model
+
+# the combinations of switches of tests/test_families.py that llama.cpp runs, each with its architecture
+GGUF_MODELS = {key: value for key, value in OUR_MODELS.items() if FAMILY_BY_TYPE[value[1]].gguf is not None}
+CONTROL, NORMAL = 3, 1
+
+
+def field(reader: gguf.GGUFReader, key: str):
+    return reader.fields[key].contents()
+
+
+def export(tmp_path, key: str, dtype: str = "float32", tokenizer=TOKENIZER, vocab_size: int = VOCAB):
+    switches, _ = GGUF_MODELS[key]
+    model = trained_like(tiny_model(vocab_size, 48, **switches), 3)
+    path = tmp_path / f"{key}.gguf"
+    arch = export_gguf(model, tokenizer, path, dtype, source=tmp_path / "run")
+    return model, arch, gguf.GGUFReader(path)
+
+
+def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
+    """Our tensors under llama.cpp's names, written out here tensor by tensor from the model's layers
+    (not through the export's table), in the layout llama.cpp reads."""
+    config, state = model.config, model.state_dict()
+    tensors = {"token_embd.weight": state["transformer.wte.weight"]}
+    if config.pos_emb == "learned":
+        tensors["position_embd.weight"] = state["transformer.wpe.weight"]
+    norm_bias = arch in ("gpt2", "stablelm")  # families whose LayerNorms always have a bias: zeros where ours lack it
+    for i in range(config.n_layer):
+        ours = lambda name, i=i: state.get(f"transformer.h.{i}.{name}")  # noqa: E731
+        blk = f"blk.{i}."
+        for their, our in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            tensors[blk + their + ".weight"] = ours(our + ".weight")
+            if norm_bias:
+                tensors[blk + their + ".bias"] = ours(our + ".bias") if config.bias else torch.zeros(config.n_embd)
+        if arch == "gpt2":
+            biases = {name: ours(name + ".bias") for name in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")}
+            if not config.bias:
+                biases = {name: torch.zeros(ours(name + ".weight").shape[0]) for name in biases}
+            for their, our in (("attn_qkv", "attn.c_attn"), ("attn_output", "attn.c_proj"), ("ffn_up", "mlp.c_fc"),
+                               ("ffn_down", "mlp.c_proj")):  # fmt: skip
+                tensors[blk + their + ".weight"] = ours(our + ".weight")
+                tensors[blk + their + ".bias"] = biases[our]
+            continue
+        rope_order = (lambda t, heads: permute_rope(t, heads)) if arch == "llama" else (lambda t, heads: t)
+        for kind in ("weight", "bias") if config.bias else ("weight",):
+            q, k, v = split_qkv(ours("attn.c_attn." + kind), config)
+            tensors[blk + "attn_q." + kind] = rope_order(q, config.n_head)
+            tensors[blk + "attn_k." + kind] = rope_order(k, config.kv_heads)
+            tensors[blk + "attn_v." + kind] = v
+            tensors[blk + "attn_output." + kind] = ours("attn.c_proj." + kind)
+            gate, up = split_gate_up(ours("mlp.c_fc." + kind), config)
+            tensors[blk + "ffn_gate." + kind], tensors[blk + "ffn_up." + kind] = gate, up
+            tensors[blk + "ffn_down." + kind] = ours("mlp.c_proj." + kind)
+        if config.qk_norm:
+            per_head = arch == "stablelm"  # a (heads, head_dim) tensor: one norm per head
+            q_norm, k_norm = ours("attn.q_norm.weight"), ours("attn.k_norm.weight")
+            tensors[blk + "attn_q_norm.weight"] = q_norm.expand(config.n_head, -1) if per_head else q_norm
+            tensors[blk + "attn_k_norm.weight"] = k_norm.expand(config.kv_heads, -1) if per_head else k_norm
+    tensors["output_norm.weight"] = state["transformer.ln_f.weight"]
+    if norm_bias:
+        tensors["output_norm.bias"] = state["transformer.ln_f.bias"] if config.bias else torch.zeros(config.n_embd)
+    if not config.tie_embeddings or arch == "stablelm":  # StableLM's llama.cpp reads no tied output layer
+        tensors["output.weight"] = state["lm_head.weight"]
+    return tensors
+
+
+@pytest.mark.parametrize("key", GGUF_MODELS)
+def test_gguf_file_holds_the_architecture_settings_and_our_tensors(key, tmp_path):
+    model, arch, reader = export(tmp_path, key)
+    config = model.config
+    assert arch == GGUF_MODELS[key][1] == field(reader, "general.architecture")
+    assert field(reader, f"{arch}.context_length") == config.block_size
+    assert field(reader, f"{arch}.embedding_length") == config.n_embd
+    assert field(reader, f"{arch}.block_count") == config.n_layer
+    assert field(reader, f"{arch}.feed_forward_length") == config.mlp_hidden
+    assert field(reader, f"{arch}.attention.head_count") == config.n_head
+    assert field(reader, f"{arch}.attention.head_count_kv") == config.kv_heads
+    assert field(reader, f"{arch}.attention.key_length") == config.head_size
+    eps = "layer_norm_rms_epsilon" if config.norm == "rmsnorm" else "layer_norm_epsilon"
+    assert field(reader, f"{arch}.attention.{eps}") == pytest.approx(config.norm_eps)
+    if config.pos_emb == "rope":
+        assert field(reader, f"{arch}.rope.dimension_count") == config.head_size
+        assert field(reader, f"{arch}.rope.freq_base") == pytest.approx(config.rope_base)
+    expected = expected_tensors(model, arch)
+    assert sorted(t.name for t in reader.tensors) == sorted(expected)
+    for tensor in reader.tensors:
+        assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+        np.testing.assert_array_equal(tensor.data, expected[tensor.name].numpy(), err_msg=tensor.name)
+    # every tensor is one llama.cpp's architecture has (gguf's table of them)
+    names = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[{v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]]}
+    assert {
+        t.name.rsplit(".", 1)[0].replace(".0.", ".{bid}.").replace(".1.", ".{bid}.") for t in reader.tensors
+    } <= names
+
+
+@pytest.mark.parametrize("key", ["qwen3", "stablelm-quickstart"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_export_holds_matrices_rounded_as_torch_rounds_them_and_norms_in_float32(dtype, key, tmp_path):
+    model, arch, reader = export(tmp_path, key, dtype=dtype)
+    expected = expected_tensors(model, arch)
+    for tensor in reader.tensors:
+        wanted = expected[tensor.name]
+        if wanted.dim() > 1 and "_norm." not in tensor.name:  # StableLM's per-head norms are 2-D, and stay float32
+            assert tensor.tensor_type == gguf.GGMLQuantizationType[{"float16": "F16", "bfloat16": "BF16"}[dtype]]
+            raw = torch.from_numpy(tensor.data.copy().view(np.int16)).view(getattr(torch, dtype))
+            assert torch.equal(raw.reshape(wanted.shape), wanted.to(getattr(torch, dtype))), tensor.name
+        else:
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+    file_type = {"float16": gguf.LlamaFileType.MOSTLY_F16, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]
+    assert field(reader, "general.file_type") == file_type
+
+
+@pytest.mark.parametrize("heads, head_size", [(4, 8), (1, 16), (2, 2)])
+def test_rope_permutation_round_trips_and_pairs_feature_i_with_i_plus_half(heads, head_size):
+    rows = torch.arange(heads * head_size * 3, dtype=torch.float32).reshape(heads * head_size, 3)
+    permuted = permute_rope(rows, heads)
+    assert torch.equal(unpermute_rope(permuted, heads), rows)
+    half = head_size // 2
+    # in llama.cpp's order, rows 2i and 2i + 1 of a head are transformers' rows i and i + D/2
+    for head in range(heads):
+        for i in range(half):
+            start = head * head_size
+            assert torch.equal(permuted[start + 2 * i], rows[start + i])
+            assert torch.equal(permuted[start + 2 * i + 1], rows[start + i + half])
+
+
+def test_gpt2_bpe_tokenizer_is_llama_cpps_byte_level_bpe(tmp_path):
+    tokenizer = GPT2Tokenizer()
+    _, _, reader = export(tmp_path, "gpt2", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size)
+    tokens, types = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type")
+    assert field(reader, "tokenizer.ggml.model") == "gpt2" and field(reader, "tokenizer.ggml.pre") == "gpt-2"
+    assert len(tokens) == 50257 and tokens[50256] == "<|endoftext|>" and types[50256] == CONTROL
+    assert tokens[220] == "Ġ" and tokens[198] == "Ċ" and types[198] == NORMAL  # a space, a newline
+    merges = field(reader, "tokenizer.ggml.merges")
+    assert len(merges) == 50000 and merges[0] == "Ġ t"  # GPT-2's first merge
+    assert field(reader, "tokenizer.ggml.eos_token_id") == 50256 == field(reader, "tokenizer.ggml.bos_token_id")
+    assert field(reader, "tokenizer.ggml.add_bos_token") is False
+    assert field(reader, EXPORT_SOURCE_KEY) == str(tmp_path / "run")
+
+
+def test_a_trained_bpe_and_a_chat_template_travel_in_the_file(tmp_path):
+    bpe = train_bpe(["ROMEO: What light through yonder window breaks? " * 20], vocab_size=300)
+    tokenizer = chat_tokenizer(bpe)
+    _, _, reader = export(tmp_path, "llama", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size)
+    tokens, types = field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type")
+    state = json.loads(tokenizer.to_json())
+    assert tokens[: len(state["model"]["vocab"])] == sorted(state["model"]["vocab"], key=state["model"]["vocab"].get)
+    im_end = tokenizer.specials["<|im_end|>"]
+    assert tokens[im_end] == "<|im_end|>" and types[im_end] == CONTROL
+    assert field(reader, "tokenizer.chat_template") == tokenizer.chat_template
+    assert field(reader, "tokenizer.ggml.eot_token_id") == im_end
+
+
+def split_bpe(pattern: str) -> JsonTokenizer:
+    """A tiny byte-level BPE split by pattern before a plain ByteLevel, as Qwen2's and Llama 3's are."""
+    import tokenizers
+    from tokenizers import Regex, pre_tokenizers
+
+    model = tokenizers.Tokenizer(tokenizers.models.BPE())
+    split = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    model.pre_tokenizer = pre_tokenizers.Sequence(
+        [split, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    )
+    model.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    model.train_from_iterator(["ROMEO: What light through yonder window breaks? 12345 " * 30], trainer=trainer)
+    return JsonTokenizer(model.to_str(), source="split/tokenizer.json")
+
+
+@pytest.mark.parametrize("pattern, pre", [(QWEN2_SPLIT, "qwen2"), (LLAMA3_SPLIT, "llama-bpe")])
+def test_qwen2_and_llama3_split_patterns_name_llama_cpps_pre_tokenizer(pattern, pre, tmp_path):
+    tokenizer = split_bpe(pattern)
+    _, _, reader = export(tmp_path, "qwen3", tokenizer=tokenizer, vocab_size=tokenizer.vocab_size)
+    assert field(reader, "tokenizer.ggml.pre") == pre
+    merges = json.loads(tokenizer.to_json())["model"]["merges"]
+    assert field(reader, "tokenizer.ggml.merges") == [m if isinstance(m, str) else " ".join(m) for m in merges]
+
+
+def test_another_split_pattern_is_refused_by_name(tmp_path):
+    with pytest.raises(UserError, match="tokenizer of split/tokenizer.json: its pre-tokenizer or normalizer is none"):
+        export(tmp_path, "qwen3", tokenizer=split_bpe(r"\w+|\s+"), vocab_size=400)
+
+
+def test_a_character_vocabulary_is_spelled_in_bytes_and_padded_to_the_model(tmp_path):
+    tokenizer = CharTokenizer("\n !ABab")
+    _, _, reader = export(tmp_path, "stablelm-quickstart", tokenizer=tokenizer, vocab_size=10)
+    assert field(reader, "tokenizer.ggml.tokens") == ["Ċ", "Ġ", "!", "A", "B", "a", "b", "[PAD7]", "[PAD8]", "[PAD9]"]
+    assert field(reader, "tokenizer.ggml.token_type")[-1] == 5  # unused
+    assert "tokenizer.ggml.eos_token_id" not in reader.fields  # a character vocabulary has no end-of-text token
+
+
+def test_a_character_beyond_one_byte_is_refused_by_name(tmp_path):
+    with pytest.raises(UserError, match="'é' is 2 bytes in UTF-8"):
+        export(tmp_path, "gpt2", tokenizer=CharTokenizer("ABé"), vocab_size=3)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sentencepiece_style_tokenizer_is_refused_by_name(tmp_path):
+    import tokenizers
+
+    model = tokenizers.models.BPE(vocab={"<0x41>": 0, "▁a": 1, "a": 2}, merges=[], byte_fallback=True)
+    tokenizer = JsonTokenizer(tokenizers.Tokenizer(model).to_str(), source="spm/tokenizer.json")
+    with pytest.raises(UserError, match="tokenizer of spm/tokenizer.json: it is a BPE with byte fallback"):
+        export(tmp_path, "llama", tokenizer=tokenizer, vocab_size=3)
+
+
+def test_sample_py_replaces_its_own_earlier_export_and_nothing_else(tmp_path):
+    model = trained_like(tiny_model(VOCAB, 48, **GGUF_MODELS["llama"][0]), 3)
+    export_model(model, TOKENIZER, tmp_path / "folder")
+    args = ["--init-from", str(tmp_path / "folder"), "--export-gguf", str(tmp_path / "m.gguf")]
+    for _ in range(2):  # the second run replaces the first's file
+        written = run_script("sample.py", *args)
+        assert written.returncode == 0, written.stderr
+        assert "as a llama.cpp llama model in float32" in written.stderr
+    assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "llama"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "m.gguf"]  # no temporary file left
+
+
+# --------------------------------------------------------------------------------------- llama.cpp itself
+# llama.cpp's float32 kernels sum in another order than torch's, and ggml reads GELU from a float16 table:
+# logits agree to this much (tiny models, logits of a few units); float16 weights round each to 11 significant
+# bits, which moves logits by up to this
+FLOAT32_LOGITS, FLOAT16_LOGITS = 5e-3, 5e-2
+
+
+def llama_greedy(path, prompt: str, new_tokens: int, n_ctx: int, stop: bool) -> tuple[list[int], str, np.ndarray]:
+    """llama.cpp's tokens of prompt, its greedy continuation's text (ending at its end-of-text token if
+    stop: a vocabulary without one has llama.cpp's default id there, which --ignore-eos ignores), and
+    its logits at the prompt's positions."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    # the KV cache in float32 (llama.cpp's default is float16, which alone moves logits by about 1e-3)
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, logits_all=True, verbose=False, n_threads=1, **cache)
+    ids = llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+    llm.eval(ids)
+    logits = np.array(llm.scores[: len(ids)])
+    continuation = []
+    for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+        if (stop and token == llm.token_eos()) or len(continuation) == new_tokens:
+            break
+        continuation.append(token)
+    return ids, llm.detokenize(continuation).decode("utf-8", errors="replace"), logits
+
+
+def assert_llama_cpp_agrees(tmp_path, source: list[str], tokenizer, prompt: str, new_tokens: int, model) -> None:
+    block_size = model.config.block_size
+    greedy = [*source, "--prompt", prompt, "--temperature", "0", "--device", "cpu", "--max-new-tokens"]
+    printed = run_script("sample.py", *greedy, str(new_tokens))
+    assert printed.returncode == 0, printed.stderr
+    ours_ids = tokenizer.encode(prompt)
+    with torch.no_grad():
+        ours_logits = model(torch.tensor([ours_ids]))[0][0].numpy()
+    for dtype, tolerance in (("float32", FLOAT32_LOGITS), ("float16", FLOAT16_LOGITS)):
+        path = tmp_path / f"{dtype}.gguf"
+        written = run_script("sample.py", *source, "--export-gguf", str(path), "--dtype", dtype)
+        assert written.returncode == 0, written.stderr
+        ids, text, logits = llama_greedy(path, prompt, new_tokens, block_size, tokenizer.eot_token is not None)
+        assert ids == ours_ids
+        assert np.abs(logits - ours_logits).max() < tolerance, dtype
+        if dtype == "float32":
+            assert prompt + text + "\n" == printed.stdout
+
+
+llama_cpp_needed = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("llama_cpp") is None,
+    reason="llama-cpp-python is not installed (pip install llama-cpp-python; docs/shipping.md)",
+)
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+@pytest.mark.parametrize("key", GGUF_MODELS)
+def test_llama_cpp_greedy_text_equals_sample_py(key, tmp_path):
+    model = trained_like(tiny_model(VOCAB, 48, **GGUF_MODELS[key][0]), 3)
+    export_model(model, TOKENIZER, tmp_path / "folder")
+    source = ["--init-from", str(tmp_path / "folder")]
+    assert_llama_cpp_agrees(tmp_path, source, TOKENIZER, "ABCABD", 40, model)
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_runs_a_gpt2_bpe_model_as_sample_py_does(tmp_path):
+    tokenizer = GPT2Tokenizer()
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48), 3)
+    export_model(model, tokenizer, tmp_path / "folder")
+    source = ["--init-from", str(tmp_path / "folder")]
+    assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO: What light through", 20, model)
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+@pytest.mark.parametrize("pattern", [QWEN2_SPLIT, LLAMA3_SPLIT], ids=["qwen2", "llama3"])
+def test_llama_cpp_splits_and_runs_a_qwen3_model_with_a_split_bpe_as_sample_py_does(pattern, tmp_path):
+    tokenizer = split_bpe(pattern)
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, **GGUF_MODELS["qwen3"][0]), 3)
+    export_model(model, tokenizer, tmp_path / "folder")
+    source = ["--init-from", str(tmp_path / "folder")]
+    assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO: What 12345 light's  through", 16, model)
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_runs_the_quickstart_model_as_sample_py_does(data_dir, tmp_path):
+    from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+
+    quickstart = load_config(str(PROJECT_ROOT / "configs" / "shakespeare_char.toml"), []).model
+    switches = {f"model__{key}": getattr(quickstart, key) for key in QUICKSTART_SWITCHES}
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=30, **switches)).fit()
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
+    source = ["--out-dir", str(tmp_path / "run")]
+    assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO:", 32 - len("ROMEO:"), model.eval())

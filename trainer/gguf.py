@@ -1,0 +1,201 @@
+"""sample.py --export-gguf: a model and its tokenizer as one GGUF file, which llama.cpp (and Ollama,
+LM Studio) runs. The architecture and tensors are model/gguf.py's; this file adds the tokenizer and
+writes the file (docs/shipping.md).
+
+llama.cpp's byte-level BPE ("gpt2" tokenizer model) reads GPT-2's BPE, a BPE trained by
+data/prepare.py and a folder's byte-level tokenizer.json split by GPT-2's pattern: its token
+strings in GPT-2's byte alphabet, its merges, the pre-tokenizer "gpt-2". A character vocabulary is
+the same tokenizer with no merges, which encodes each byte of text as the token spelling it: it
+works where every character is one byte (ASCII). Anything else is refused by name.
+"""
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import gguf
+
+from data.chat import end_of_turn
+from data.files import check_output_file, make_dir
+from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
+from errors import UserError
+from model import GPT
+from model.families import gguf_family_for, non_finite
+from model.gguf import add_model, add_tensors, gguf_tensors, is_export
+
+GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
+# llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
+# vocabulary gets this one, of two 0xFF bytes (spelled ÿ), which UTF-8 text never holds, so it never applies
+NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
+# the split patterns of byte-level BPEs (their tokenizer.json's Split before a ByteLevel) and the llama.cpp
+# pre-tokenizer that splits as each does: Qwen2's (Qwen2.5, Qwen3; digits one at a time) and Llama 3's (up to three)
+SPLIT_PATTERNS = {
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen2",
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
+    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "llama-bpe",
+}  # fmt: skip
+# the id llama.cpp takes for the end of text (and the start) of a byte-level BPE whose file names none (its
+# llama-vocab.cpp's default): a character vocabulary without <|endoftext|> cannot tell it otherwise
+LLAMA_CPP_DEFAULT_EOS = 11
+# gguf's token types (llama.cpp's llama_token_type)
+NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
+
+
+def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, Path]], also: str | None) -> None:
+    """sample.py --export-gguf: check path, load the model (load() gives it, its tokenizer and where it
+    came from), write the file and say so. dtype is --dtype's value: auto is float32. `also`: an --export
+    given with it, refused (one format a command)."""
+    if also is not None:
+        raise UserError(f"--export-gguf={str(path)!r} and --export={also!r} write one format each (give one of them)")
+    check_gguf_file(path)  # before a model, perhaps a large download, is loaded
+    model, tokenizer, source = load()
+    dtype = "float32" if dtype == "auto" else dtype
+    arch = export_gguf(model, tokenizer, path, dtype, source)
+    print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
+    if tokenizer.eot_token is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
+        shown = tokenizer.decode([LLAMA_CPP_DEFAULT_EOS])
+        print(
+            f"note: this vocabulary has no end-of-text token, and llama.cpp takes token {LLAMA_CPP_DEFAULT_EOS} "
+            f"({shown!r}) for one: run it with --ignore-eos to generate past it",
+            file=sys.stderr,
+        )
+
+
+def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse, before the model is loaded, an --export-gguf path that is a folder, a file the command
+    reads, or a file other than an earlier export (which is replaced)."""
+    if Path(path).suffix != ".gguf":
+        raise UserError(f"--export-gguf={str(path)!r} does not end in .gguf (llama.cpp and Ollama look for FILE.gguf)")
+    check_output_file(Path(path), "--export-gguf", is_export, GGUF_KIND, inputs)
+
+
+def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
+    """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
+    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. Everything
+    is checked before the file is written, and the file appears whole or not at all."""
+    try:
+        family = gguf_family_for(model.config)
+    except ValueError as e:
+        raise UserError(f"--export-gguf cannot write this model: {e}") from None
+    state = model.state_dict()
+    problem = non_finite(state)
+    if problem is not None:
+        raise UserError(
+            f"--export-gguf cannot write this model: its weight {problem} (export one from before it diverged)"
+        )
+    vocabulary = gguf_vocabulary(tokenizer, model.config.vocab_size)
+    tensors = gguf_tensors(state, model.config, family)
+    make_dir(Path(path).parent)
+    temporary = Path(path).with_name(f".{Path(path).name}.tmp")
+    writer = gguf.GGUFWriter(temporary, family.gguf.arch)
+    try:
+        add_model(writer, model.config, family, name=Path(path).stem, source=str(source))
+        add_tokenizer(writer, tokenizer, vocabulary)
+        add_tensors(writer, tensors, dtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        temporary.replace(path)  # the file appears whole, replacing an earlier export only now
+    finally:
+        temporary.unlink(missing_ok=True)
+    return family.gguf.arch
+
+
+def gguf_vocabulary(tokenizer: Tokenizer, vocab_size: int) -> dict:
+    """The tokens (GPT-2 byte alphabet), their types and the merges of llama.cpp's byte-level BPE for
+    tokenizer, padded to the model's vocab_size; a tokenizer it cannot read is refused by name."""
+    state = json.loads(tokenizer.to_json())
+    model = state["model"]
+    if _is_characters(state):
+        wide = [ch for ch in model["vocab"] if len(ch.encode("utf-8")) > 1]
+        if wide:
+            raise UserError(
+                f"--export-gguf cannot write this character vocabulary: {wide[0]!r} is {len(wide[0].encode())} "
+                f"bytes in UTF-8, and llama.cpp's byte-level tokenizer would split it into bytes this vocabulary "
+                f"has no tokens for (only vocabularies of one-byte characters, ASCII, export)"
+            )
+        vocab = {byte_level_spelling(ch.encode("utf-8")): i for ch, i in model["vocab"].items()}
+        pre = "gpt-2"  # with no merges, any split gives one token a character
+    else:
+        pre = pre_tokenizer_name(state, getattr(tokenizer, "source", tokenizer.name))
+        vocab = model["vocab"]
+    added = {token["id"]: token for token in state.get("added_tokens", [])}
+    tokens, types = [], []
+    by_id = {token_id: token for token, token_id in vocab.items()}
+    for token_id in range(vocab_size):
+        if token_id in added:
+            tokens.append(added[token_id]["content"])
+            types.append(CONTROL if added[token_id]["special"] else USER_DEFINED)
+        elif token_id in by_id:
+            tokens.append(by_id[token_id])
+            types.append(NORMAL)
+        else:  # an id no token has (the model's vocabulary padded past the tokenizer's)
+            tokens.append(f"[PAD{token_id}]")
+            types.append(UNUSED)
+    merges = [pair if isinstance(pair, str) else " ".join(pair) for pair in model.get("merges", [])]
+    return {"tokens": tokens, "types": types, "merges": merges, "pre": pre}
+
+
+def _is_characters(state: dict) -> bool:
+    """Whether a tokenizer.json is a character vocabulary (CharTokenizer.to_json's, or one read back
+    from a folder it was exported to): a BPE of single characters with no merges, joined by Fuse."""
+    model, decoder = state.get("model") or {}, state.get("decoder") or {}
+    characters = all(len(token) == 1 for token in model.get("vocab", {}))
+    return model.get("type") == "BPE" and not model.get("merges") and decoder.get("type") == "Fuse" and characters
+
+
+def pre_tokenizer_name(state: dict, source: str) -> str:
+    """The llama.cpp pre-tokenizer that splits text as a byte-level BPE's tokenizer.json does: GPT-2's
+    ByteLevel split ("gpt-2"), or a Split by one of SPLIT_PATTERNS before a plain ByteLevel. Another
+    model, split or normalizer is refused by name. (Qwen2's NFC normalizer is let through, as
+    llama.cpp's converter lets it: NFC leaves text alone unless it holds combining characters.)"""
+    model = state.get("model") or {}
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = model.get("type") if model.get("type") != "BPE" else "BPE with byte fallback (SentencePiece-style)"
+        raise UserError(
+            f"--export-gguf cannot write the tokenizer of {source}: it is a {kind}, and this export writes llama.cpp's "
+            f"byte-level BPE only (GPT-2's, a BPE trained by data/prepare.py, Qwen2's or Llama 3's kind)"
+        )
+    pre, normalizer = state.get("pre_tokenizer") or {}, state.get("normalizer")
+    steps = pre.get("pretokenizers", []) if pre.get("type") == "Sequence" else [pre]
+    name = None
+    if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex"):
+        name = "gpt-2"
+    elif len(steps) == 2 and [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
+        split, byte_level = steps
+        plain = split.get("behavior") == "Isolated" and not split.get("invert") and not byte_level.get("use_regex")
+        name = SPLIT_PATTERNS.get((split.get("pattern") or {}).get("Regex")) if plain else None
+    if any(step.get("add_prefix_space") for step in steps) or normalizer not in (None, {"type": "NFC"}):
+        name = None
+    if name is None:
+        raise UserError(
+            f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is none that "
+            f"llama.cpp reproduces here (GPT-2's ByteLevel split, Qwen2's or Llama 3's split pattern)"
+        )
+    if not all(char in byte_level_bytes() for token in model["vocab"] for char in token):
+        raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")
+    return name
+
+
+def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: dict) -> None:
+    """The tokenizer's metadata: llama.cpp's byte-level BPE, end-of-text as both its bos and eos
+    (sample.py adds neither to a prompt, nor does llama.cpp here), and the chat template with the
+    token that ends a reply."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(vocabulary["pre"])
+    writer.add_token_list(vocabulary["tokens"])
+    writer.add_token_types(vocabulary["types"])
+    writer.add_token_merges(vocabulary["merges"] or [NO_MERGE])
+    writer.add_add_bos_token(False)
+    writer.add_add_eos_token(False)
+    if tokenizer.eot_token is not None:
+        writer.add_bos_token_id(tokenizer.eot_token)
+        writer.add_eos_token_id(tokenizer.eot_token)
+    if tokenizer.chat_template is not None:
+        writer.add_chat_template(tokenizer.chat_template)
+        stops = end_of_turn(tokenizer)
+        if stops:
+            writer.add_eot_token_id(stops[0])
