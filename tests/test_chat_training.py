@@ -8,11 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data.chat import IM_END, IM_START, read_conversations
+from data.chat import IM_END, IM_START, read_conversations, render_prompt
 from data.loader import TokenDataset
 from data.prepare import prepare_chat
 from errors import UserError
 from tests.conftest import FixedBatches, capture_gradients, tiny_config
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 from trainer.metrics import METRICS_NAME
 from trainer.metrics import read_metrics as read_log
@@ -184,3 +185,22 @@ def test_no_gradient_flows_across_conversations_packed_in_a_window(tmp_path, pla
     reached = embeddings[0].grad.abs().sum(-1) > 0  # (B, T): the positions the loss sends gradient to
     assert reached[later].any()
     assert not reached[~later].any() if documents else reached[~later].all()
+
+
+def test_lora_fine_tunes_a_plain_run_on_a_chat_dataset_and_loads_as_base_and_adapters(tmp_path, chat_data, plain_run):
+    """LoRA and chat together: the embedding grows by the template's tokens (frozen with the rest of
+    the base, at the mean row), the adapters alone train on the replies, and the run loads for
+    chatting as the base with its adapters merged."""
+    run = tmp_path / "lora_chat"
+    lora = dict(lora__rank=4, optim__optimizer="adamw", optim__learning_rate=1e-2, model__attn_documents=True)
+    Trainer(chat_config(run, chat_data, train__init_from=str(plain_run), train__max_iters=6, **lora)).fit()
+    checkpoint = load_checkpoint(run / "ckpt.pt")
+    assert checkpoint["model"] and all(".lora_" in name for name in checkpoint["model"])
+    records = [r for r in read_metrics(run) if "loss" in r]
+    assert records and all(r["trained_tokens"] > 0 for r in records)
+    model, tokenizer = model_from_checkpoint(checkpoint, run / "ckpt.pt")
+    base_rows = torch.load(plain_run / "ckpt.pt", weights_only=True)["model"]["transformer.wte.weight"].shape[0]
+    assert model.config.vocab_size == base_rows + 3
+    prompt = torch.tensor([render_prompt([{"role": "user", "content": "hello"}], tokenizer)])
+    logits, _ = model(prompt)
+    assert torch.isfinite(logits).all()

@@ -132,3 +132,23 @@ def test_fsdp_run_resumes_and_its_checkpoint_samples_on_one_device(data_dir, tmp
     assert [r["step"] for r in records if "val_loss" in r] == [0, 10, 20]
     sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--temperature", "0")
     assert sample.returncode == 0 and len(sample.stdout) > 20, sample.stderr
+
+
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_a_lora_run_under_torchrun_trains_only_its_adapters_and_samples(parallelism, data_dir, tmp_path):
+    """LoRA under torchrun: the adapters train on every process, the checkpoint holds them alone
+    (with where the base came from), and it samples on one device with the base merged in."""
+    base = tmp_path / "base"
+    Trainer(tiny_config(base, data_dir, train__max_iters=4, train__eval_interval=4)).fit()
+    run_dir = tmp_path / "lora"
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_toml(run_dir, data_dir))
+    lora = [f"--train.init_from={base}", "--lora.rank=4", "--optim.optimizer=adamw", "--optim.learning_rate=1e-2"]
+    torchrun("train.py", "--config", str(config), f"--train.parallelism={parallelism}",
+             "--train.gradient_accumulation_steps=2", *lora)  # fmt: skip
+    checkpoint = torch.load(run_dir / "ckpt.pt", weights_only=True)
+    assert checkpoint["model"] and all(".lora_" in name for name in checkpoint["model"])
+    assert any(tensor.abs().sum() > 0 for name, tensor in checkpoint["model"].items() if "lora_B" in name)
+    assert checkpoint["lora"]["source"].endswith("base")
+    sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--temperature", "0")
+    assert sample.returncode == 0 and len(sample.stdout) > 20, sample.stderr
