@@ -157,3 +157,18 @@ def test_sample_py_samples_and_exports_a_lora_run(lora_run, tmp_path):
         "adapter_config.json",
         "adapter_model.safetensors",
     ]
+
+
+def test_a_bfloat16_base_keeps_float32_adapters_and_trains(tmp_path, data_dir, base):
+    """lora.base_dtype=bfloat16 halves the frozen weights' memory; the adapters, the only trained
+    tensors, stay float32 (here on the CPU, whose autocast computes in bfloat16 as a GPU's does)."""
+    trainer = Trainer(lora_config(tmp_path / "run", data_dir, base / "run", lora__base_dtype="bfloat16",
+                                  train__dtype="bfloat16"))  # fmt: skip
+    frozen = [p for p in trainer.model.parameters() if not p.requires_grad]
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert frozen and all(p.dtype == torch.bfloat16 for p in frozen if p.dim() == 2)
+    assert trained and all(p.dtype == torch.float32 for p in trained)
+    before = [p.detach().clone() for p in trained]
+    assert trainer.fit() is None
+    assert any(not torch.equal(b, p) for b, p in zip(before, trained, strict=True))
+    assert all(torch.isfinite(p).all() for p in trained)
