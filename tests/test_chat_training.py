@@ -187,20 +187,28 @@ def test_no_gradient_flows_across_conversations_packed_in_a_window(tmp_path, pla
     assert not reached[~later].any() if documents else reached[~later].all()
 
 
-def test_lora_fine_tunes_a_plain_run_on_a_chat_dataset_and_loads_as_base_and_adapters(tmp_path, chat_data, plain_run):
-    """LoRA and chat together: the embedding grows by the template's tokens (frozen with the rest of
-    the base, at the mean row), the adapters alone train on the replies, and the run loads for
+def test_lora_on_a_chat_dataset_adapts_a_chat_run_and_loads_as_base_and_adapters(tmp_path, chat_data, plain_run):
+    """LoRA and chat together: a run fine-tuned on conversations (its vocabulary holds the template's
+    tokens) is adapted further; the adapters alone train on the replies, and the run loads for
     chatting as the base with its adapters merged."""
+    chat_run = tmp_path / "chat_run"
+    Trainer(chat_config(chat_run, chat_data, train__init_from=str(plain_run), train__max_iters=4)).fit()
     run = tmp_path / "lora_chat"
     lora = dict(lora__rank=4, optim__optimizer="adamw", optim__learning_rate=1e-2, model__attn_documents=True)
-    Trainer(chat_config(run, chat_data, train__init_from=str(plain_run), train__max_iters=6, **lora)).fit()
+    Trainer(chat_config(run, chat_data, train__init_from=str(chat_run), train__max_iters=6, **lora)).fit()
     checkpoint = load_checkpoint(run / "ckpt.pt")
     assert checkpoint["model"] and all(".lora_" in name for name in checkpoint["model"])
     records = [r for r in read_metrics(run) if "loss" in r]
     assert records and all(r["trained_tokens"] > 0 for r in records)
     model, tokenizer = model_from_checkpoint(checkpoint, run / "ckpt.pt")
-    base_rows = torch.load(plain_run / "ckpt.pt", weights_only=True)["model"]["transformer.wte.weight"].shape[0]
-    assert model.config.vocab_size == base_rows + 3
     prompt = torch.tensor([render_prompt([{"role": "user", "content": "hello"}], tokenizer)])
     logits, _ = model(prompt)
     assert torch.isfinite(logits).all()
+
+
+def test_lora_refuses_a_base_without_the_chat_templates_tokens(tmp_path, chat_data, plain_run):
+    """Frozen, the rows grown for the template's tokens would all be the mean row: the model could
+    not tell <|im_start|> from <|im_end|>, nor end a reply."""
+    config = chat_config(tmp_path / "run", chat_data, train__init_from=str(plain_run), lora__rank=4)
+    with pytest.raises(UserError, match="the dataset has 3 token\\(s\\) that train.init_from=.* has no embedding"):
+        Trainer(config)

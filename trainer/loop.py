@@ -106,7 +106,7 @@ class Trainer:
         if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
             source = load_checkpoint(run_checkpoint(train.init_from))
             if cfg.lora.rank:
-                check_base(train.init_from, source)
+                check_base(train.init_from, source, self.dataset.vocab_size)
                 self.lora_base = base_record(train.init_from, source["model"])
             cfg, pretrained = from_run_checkpoint(cfg, source, self.dataset.meta)
         elif train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)

@@ -204,12 +204,22 @@ def base_weights(record: dict, config: GPTConfig, adapters: str) -> dict[str, to
     return crop_positions(grow_vocabulary(raw, known, config.vocab_size), config.block_size)
 
 
-def check_base(source: str, checkpoint: dict) -> None:
-    """A LoRA run cannot adapt another LoRA run's checkpoint, which holds adapters only."""
+def check_base(source: str, checkpoint: dict, vocab_size: int) -> None:
+    """A LoRA run cannot adapt another LoRA run's checkpoint, which holds adapters only; nor a run
+    whose vocabulary lacks tokens of the dataset (vocab_size ids): the rows grown for them (a chat
+    template's tokens) would stay frozen, all equal to the mean row, so the model could never tell
+    them apart, nor end a reply."""
     if "lora" in checkpoint:
         raise UserError(
             f"train.init_from={source!r} is a LoRA run, whose checkpoint holds adapters only: export it merged "
             f"(python sample.py --out-dir {source} --export DIR) and fine-tune that folder"
+        )
+    known = tokenizer_from_meta(checkpoint["dataset"]).vocab_size
+    if vocab_size > known:
+        raise UserError(
+            f"lora.rank is set, but the dataset has {vocab_size - known} token(s) that train.init_from={source!r} "
+            f"has no embedding for (a chat template's): frozen, their rows would all be alike. Fine-tune the run on "
+            f"this dataset without LoRA first (lora.rank=0), or adapt a model whose vocabulary holds them"
         )
 
 
