@@ -2,6 +2,7 @@
 
 import copy
 import json
+import math
 
 import pytest
 import torch
@@ -136,3 +137,20 @@ def test_model_with_each_pattern_trains_on_cuda_as_on_a_cpu(name, monkeypatch):
         assert isinstance(mask, BlockMask)
     for on_cpu, on_cuda in zip(*results, strict=True):
         torch.testing.assert_close(on_cuda.cpu(), on_cpu, rtol=1e-3, atol=1e-5)
+
+
+def test_lora_on_a_bfloat16_base_trains_its_float32_adapters_and_samples_on_cuda(tmp_path, data_dir):
+    """LoRA's GPU setting: the frozen base held in bfloat16, the adapters in float32 (the only
+    trained tensors), compiled; the run then samples on the GPU with the adapters merged."""
+    base, run_dir = tmp_path / "base", tmp_path / "lora"
+    Trainer(tiny_config(base, data_dir, train__device="cuda", train__max_iters=10, train__eval_interval=10)).fit()
+    lora = dict(lora__rank=4, lora__base_dtype="bfloat16", train__dtype="bfloat16", train__compile=True)
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__device="cuda", train__init_from=str(base),
+                                  train__max_iters=10, train__eval_interval=10, **lora))  # fmt: skip
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    assert trained and all(p.is_cuda and p.dtype == torch.float32 for p in trained)
+    trainer.fit()
+    assert math.isfinite(trainer.evaluate()["val"])
+    assert any(p.abs().sum() > 0 for name, p in trainer.model.named_parameters() if "lora_B" in name)
+    sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda")
+    assert sample.returncode == 0, sample.stderr
