@@ -154,3 +154,29 @@ def test_lora_on_a_bfloat16_base_trains_its_float32_adapters_and_samples_on_cuda
     assert any(p.abs().sum() > 0 for name, p in trainer.model.named_parameters() if "lora_B" in name)
     sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda")
     assert sample.returncode == 0, sample.stderr
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_chat_fine_tuning_with_documents_trains_replies_on_cuda(tmp_path, data_dir, compile):
+    """Chat on the GPU: conversations packed with attn_documents (FlexAttention's document mask on
+    CUDA), the loss over the replies only, in bfloat16; the loss falls and every step trained tokens."""
+    from data.chat import read_conversations
+    from data.prepare import prepare_chat
+    from tests.test_chat_training import write_chats
+
+    base = tmp_path / "base"
+    Trainer(tiny_config(base, data_dir, model__block_size=64, train__device="cuda", train__max_iters=10,
+                        train__eval_interval=10)).fit()  # fmt: skip
+    chats = write_chats(tmp_path / "chats.jsonl")
+    prepare_chat(read_conversations(str(chats)), str(base), tmp_path / "data" / "chat", source="chats.jsonl",
+                 block_size=64, val_fraction=0.25, too_long="truncate")  # fmt: skip
+    run_dir = tmp_path / "chat"
+    trainer = Trainer(tiny_config(run_dir, tmp_path / "data", data__dataset="chat", model__block_size=64,
+                                  model__attn_documents=True, train__device="cuda", train__dtype="bfloat16",
+                                  train__compile=compile, train__init_from=str(base), train__max_iters=30,
+                                  train__eval_interval=30, optim__learning_rate=3e-3))  # fmt: skip
+    before = trainer.evaluate()["val"]
+    trainer.fit()
+    assert trainer.evaluate()["val"] < before
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert records and all(r["trained_tokens"] > 0 for r in records)
