@@ -14,7 +14,7 @@ evaluation: val loss, bits per byte and wall time. Runs that scored [eval] tasks
 each task's acc and one for the centred mean (eval.py's figures); a centred mean is the mean over
 one set of tasks, so where a run's set changes (an older run resumed with other [eval] tasks) its
 line breaks, and a note names the step. The loss panels' y range fits the losses logged after the
-first fifth of the longest run's steps (the end of training, where runs are compared; step 0's
+first fifth of each run's own steps (the end of training, where runs are compared; step 0's
 loss, several times the final one, would flatten every difference), with a margin of 5%, and the
 picture's title says so; --from-step STEP fits it to the steps from STEP on instead, --full to every
 step, and --ylim LOW HIGH sets it. Every run has a colour and line
@@ -35,6 +35,7 @@ import argparse
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import matplotlib
@@ -62,7 +63,7 @@ CENTRED_MEAN = "eval/centred_mean"
 PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
 LINE_STYLES = ["-", "--", ":", "-."]
 PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
-# By default the loss panels' y range fits the steps after this share of the longest run: on the
+# By default the loss panels' y range fits the steps after this share of each run's own: on the
 # quickstart the loss falls from 4.2 to about 1.7 in its first fifth and then by 0.2 more, so the
 # full range would draw runs 0.02 apart as one line
 LOSS_FOCUS = 0.2
@@ -96,7 +97,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
         type=int,
         metavar="STEP",
         help=f"fit the loss panels' y range to the losses logged from STEP on (default: after the first "
-        f"{LOSS_FOCUS * 100:.0f}%% of the longest run's steps)",
+        f"{LOSS_FOCUS * 100:.0f}%% of each run's steps)",
     )
     y_range.add_argument("--full", action="store_true", help="fit the loss panels' y range to every step, 0 included")
     y_range.add_argument(
@@ -208,20 +209,22 @@ def check_y_range(args: argparse.Namespace) -> None:
             raise UserError(f"--ylim {low:g} {high:g} is not a range (give two finite numbers, the lower first)")
 
 
-def focus_step(runs: list[Run]) -> int:
-    """The default --from-step: past the first LOSS_FOCUS of the longest run's steps."""
-    last = max((record["step"] for run in runs for record in run.records), default=0)
+def focus_step(run: "Run") -> int:
+    """Where the default range of one run starts: past the first LOSS_FOCUS of its own steps, so
+    that a short run beside a long one keeps its end in view."""
+    last = max((record["step"] for record in run.records), default=0)
     return math.ceil(LOSS_FOCUS * last)
 
 
-def loss_range(runs: list[Run], from_step: int) -> tuple[float, float] | None:
-    """From the lowest to the highest train or val loss the runs logged from from_step on, widened by
-    Y_MARGIN of that span each way; None (Matplotlib's own range) when they hold no two values."""
+def loss_range(runs: list[Run], from_step: Callable[[Run], int]) -> tuple[float, float] | None:
+    """From the lowest to the highest train or val loss the runs logged from from_step(run) on,
+    widened by Y_MARGIN of that span each way; None (Matplotlib's own range) when they hold no two
+    values."""
     losses = [
         record[key]
         for run in runs
         for record in run.records
-        if record["step"] >= from_step
+        if record["step"] >= from_step(run)
         for key in ("loss", "val_loss")
         if key in record and math.isfinite(record[key])
     ]
@@ -238,11 +241,18 @@ def y_range(args: argparse.Namespace, runs: list[Run]) -> tuple[tuple[float, flo
         return tuple(args.ylim), f"loss from {args.ylim[0]:g} to {args.ylim[1]:g} (--ylim)"
     if args.full:
         return None, ""
-    start = args.from_step if args.from_step is not None else focus_step(runs)
-    limits = loss_range(runs, start)
+    if args.from_step is not None:
+        starts = {args.from_step}
+        limits = loss_range(runs, lambda run: args.from_step)
+    else:
+        starts = {focus_step(run) for run in runs}
+        limits = loss_range(runs, focus_step)
     if limits is None:
         return None, ""
-    return limits, f"loss range fitted to steps {start:,} and later (--full: every step)"
+    if len(starts) == 1:
+        return limits, f"loss range fitted to steps {starts.pop():,} and later (--full: every step)"
+    shown = f"{LOSS_FOCUS * 100:.0f}%"
+    return limits, f"loss range fitted to each run's steps after its first {shown} (--full: every step)"
 
 
 def plot_loss(args: argparse.Namespace) -> None:
