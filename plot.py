@@ -53,6 +53,7 @@ from model.masks import dense_mask, pattern_rule  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
+from trainer.schedules import tokens_before  # noqa: E402
 
 X_AXES = {  # --x: what each choice of horizontal axis measures
     "steps": "optimizer steps",
@@ -132,7 +133,7 @@ class Run:
 
     name: str
     records: list[dict]
-    tokens_per_step: int
+    tokens_before: Callable[[int], int]  # the tokens the run trained on before a step
 
     @classmethod
     def read(cls, directory: str) -> "Run":
@@ -144,8 +145,7 @@ class Run:
             )
         records = read_metrics(metrics)
         cfg = load_config(str(path / "config.toml"), [])
-        tokens_per_step = cfg.data.batch_size * cfg.model.block_size * cfg.train.gradient_accumulation_steps
-        return cls(path.resolve().name, records, tokens_per_step)
+        return cls(path.resolve().name, records, lambda step: tokens_before(step, cfg))
 
     def curve(self, key: str, x: str) -> tuple[list[float], list[float]]:
         """The logged values of key (loss, val_loss) and where they lie on the x axis; the centred
@@ -154,7 +154,7 @@ class Run:
         if x == "steps":
             xs = [r["step"] for r in records]
         elif x == "tokens":
-            xs = [r["step"] * self.tokens_per_step for r in records]
+            xs = [self.tokens_before(r["step"]) for r in records]
         else:
             xs = [r["time"] - self.start_time() for r in records]
         ys = [r[key] for r in records]

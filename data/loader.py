@@ -236,16 +236,19 @@ class RandomWindows:
         self.device = device
         self.generator = torch.Generator().manual_seed(seed)
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x, y), each (batch_size, block_size) int64 on the device; y is -1 where no loss is taken
-        (a chat dataset's untrained tokens)."""
+    def next_batch(
+        self, batch_size: int | None = None, block_size: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), each (B, T) int64 on the device: batch_size windows of block_size tokens, the
+        sampler's own sizes where not given (a training schedule gives each step's); y is -1 where no
+        loss is taken (a chat dataset's untrained tokens)."""
         tokens = self.dataset.tokens(self.split)
-        T = self.block_size
+        B, T = batch_size or self.batch_size, block_size or self.block_size
         allowed = self.dataset.window_starts(self.split, T)  # None: anywhere
         if allowed is None:
-            starts = torch.randint(len(tokens) - T, (self.batch_size,), generator=self.generator).tolist()
+            starts = torch.randint(len(tokens) - T, (B,), generator=self.generator).tolist()
         else:
-            starts = allowed[torch.randint(len(allowed), (self.batch_size,), generator=self.generator).numpy()].tolist()
+            starts = allowed[torch.randint(len(allowed), (B,), generator=self.generator).numpy()].tolist()
         windows = np.stack([tokens[i : i + T + 1] for i in starts])  # (B, T + 1)
         windows = torch.from_numpy(windows.astype(np.int64))
         x, y = windows[:, :-1].contiguous(), windows[:, 1:].contiguous()

@@ -78,7 +78,9 @@ def made_up_runs(count: int, name_length: int = 20) -> list[Run]:
                 record |= {"val_loss": record["loss"] + 0.05, "eval/task/acc": 0.25 + step / 2000}
                 record["eval/centred_mean"] = (record["eval/task/acc"] - 0.25) / 0.75
             records.append(record)
-        runs.append(Run(f"variant-{number}-seed1337".rjust(name_length, "x"), records, tokens_per_step=768))
+        runs.append(
+            Run(f"variant-{number}-seed1337".rjust(name_length, "x"), records, tokens_before=lambda step: 768 * step)
+        )
     return runs
 
 

@@ -67,9 +67,9 @@ def test_mfu_peak_table_matches_gpu_names():
 def test_throughput_reports_tokens_per_second_and_mfu(monkeypatch):
     clock = iter([100.0, 102.0, 103.0, 104.0])
     monkeypatch.setattr(metrics_module.time, "perf_counter", lambda: next(clock))
-    throughput = Throughput(tokens_per_step=1000, flops_per_token=6e6, peak_flops=1e12, step=10)  # clock at 100
+    throughput = Throughput(lambda step: 1000 * step, flops_per_token=6e6, peak_flops=1e12, step=10)  # clock at 100
     assert throughput.measure(20) == pytest.approx({"tokens_per_sec": 5000.0, "mfu": 0.03})  # 10 steps in 2 s
-    assert Throughput(1000, 6e6, None, step=0).measure(4) == {"tokens_per_sec": 4000.0}  # 4 steps in 1 s
+    assert Throughput(lambda step: 1000 * step, 6e6, None, step=0).measure(4) == {"tokens_per_sec": 4000.0}  # 1 s
 
 
 def test_logged_mfu_is_model_flops_times_tokens_per_second_over_the_device_peak(tmp_path, data_dir, monkeypatch):

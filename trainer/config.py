@@ -10,6 +10,7 @@ used, and resuming with either reproduces the schedule.
 import dataclasses
 import difflib
 import inspect
+import itertools
 import json
 import math
 import re
@@ -47,6 +48,11 @@ MAX_THREADS = 1024  # CPU threads of one process: more than the largest machines
 # of 0.02 (its spacing there is 2e-9); at 1 or more a step moves every weight by about its own size
 MIN_LR, MAX_LR = 1e-9, 1.0
 LR_RANGE = "below, a step leaves float32 weights as they are; above, it throws them away"
+# the schedule keys of [train]: the size a run reaches after their stages, and an example
+STAGED_SIZES = {
+    "block_size_schedule": ("model.block_size", "32:0.3,48:0.6"),
+    "batch_size_schedule": ("data.batch_size", "4:0.5"),
+}
 
 
 @dataclass
@@ -165,6 +171,9 @@ class TrainConfig:
     init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
+    block_size_schedule: str = ""  # "32:0.3": rows of 32 tokens for 30% of max_iters, then model.block_size; "" = off
+    batch_size_schedule: str = ""  # "8:0.5": micro-batches of 8 for half of max_iters, then data.batch_size; "" = off
+    batch_size_lr_power: float = 0.6  # batch_size_schedule: LR times (batch / data.batch_size) ** this (0 .. 1)
 
     def __post_init__(self):
         if not self.out_dir:
@@ -197,6 +206,17 @@ class TrainConfig:
             _check_range(self, name, 1, MAX_STEPS, "steps")
         for name in ("gradient_accumulation_steps", "eval_iters"):
             _check_range(self, name, 1, MAX_BATCHES, "batches")
+        for name in STAGED_SIZES:
+            parse_stages(name, getattr(self, name))
+        _check_range(self, "batch_size_lr_power", 0, 1, "0 = the same LR at every batch size, 1 = LR in proportion")
+
+    @property
+    def block_size_stages(self) -> list[tuple[int, float]]:
+        return parse_stages("block_size_schedule", self.block_size_schedule)
+
+    @property
+    def batch_size_stages(self) -> list[tuple[int, float]]:
+        return parse_stages("batch_size_schedule", self.batch_size_schedule)
 
 
 @dataclass
@@ -287,6 +307,15 @@ class Config:
                 f"lora.base_dtype='bfloat16' holds the frozen weights in bfloat16, which needs train.dtype='bfloat16' "
                 f"(got {self.train.dtype!r}) for the products to mix them with float32 adapters"
             )
+        model = self.model
+        # a block-causal row needs more than one block: its last attn_block - 1 positions learn nothing
+        bad = [n for n, _ in self.train.block_size_stages if not model.attn_block < n <= model.block_size]
+        if bad:
+            lowest = f"model.attn_block={model.attn_block} + 1" if model.attn_block else "1"
+            raise ValueError(
+                f"train.block_size_schedule={self.train.block_size_schedule!r} trains rows of {bad[0]} tokens: each "
+                f"stage's length must lie in {lowest} .. model.block_size={model.block_size}"
+            )
         # the one place where a key follows another section's: resolved as the tree is built, so the
         # run, its config.toml and its checkpoints all hold the number it used
         self.optim = self.optim.decaying_until(self.train.max_iters)
@@ -317,6 +346,7 @@ ACTS_ONLY_WITH = {
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
         for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps", "muon_ns_smallest")
     },
+    "train.batch_size_lr_power": (lambda cfg: bool(cfg.train.batch_size_schedule), "train.batch_size_schedule"),
     **{
         f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")
         for name in ("project", "run_name", "mode")
@@ -390,6 +420,28 @@ def _check_choice(section, name: str, choices: tuple[str, ...]) -> None:
     value = getattr(section, name)
     if value not in choices:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def parse_stages(name: str, text: str) -> list[tuple[int, float]]:
+    """A schedule key's stages as (size, until) pairs: "32:0.3,48:0.6" is size 32 until 30% of
+    train.max_iters, then 48 until 60%, then the configured size for the rest; "" is none. Sizes
+    are positive integers, fractions rise strictly inside (0, 1)."""
+    stages = []
+    for entry in text.split(",") if text.strip() else []:
+        size, _, until = entry.partition(":")
+        try:
+            stages.append((int(size), float(until)))
+        except ValueError:
+            stages = None
+            break
+    valid = stages is not None and all(size > 0 for size, _ in stages)
+    if not valid or not all(a < b for a, b in itertools.pairwise([0.0, *(until for _, until in stages), 1.0])):
+        final, example = STAGED_SIZES[name]
+        raise ValueError(
+            f"{name}={text!r} is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of "
+            f"train.max_iters it lasts until, rising inside (0, 1); after the last, {final}), e.g. {example!r}"
+        )
+    return stages
 
 
 def load_config(path: str | None, overrides: list[str]) -> Config:

@@ -59,6 +59,7 @@ from trainer.pretrained import (
 )
 from trainer.run_dir import RunDir, check_same_kind_of_data
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
+from trainer.schedules import batch_shape_at, describe, lr_factor_at, tokens_before
 from trainer.stop import StopSignals
 
 
@@ -123,6 +124,7 @@ class Trainer:
             "use one of them, or -1 for its tokenizer's end-of-text token",
         )
         self.dataset.check_fits(cfg.model.block_size)
+        _check_rows_hold_conversations(cfg, self.dataset)
         # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
         self.tokenizer = tokenizer_from_meta(self.dataset.meta)
         self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
@@ -159,6 +161,7 @@ class Trainer:
             self._restore(checkpoint)
         self.forward = torch.compile(self.parallel.module) if train.compile else self.parallel.module
         # the global batch: gradient_accumulation_steps micro-batches in all, shared out among the processes
+        # (its full shape: a train.batch_size_schedule or block_size_schedule draws smaller ones first)
         self.tokens_per_step = cfg.data.batch_size * cfg.model.block_size * train.gradient_accumulation_steps
         self.last_checkpoint_step: int | None = self.step if checkpoint is not None else None
         self.world.barrier()  # every process has looked at the run directory before rank 0 writes to it
@@ -222,14 +225,14 @@ class Trainer:
                     if not self._evaluate(progress.write, stop):
                         return self._stop(stop.agreed, None, None, progress)
                 throughput = Throughput(
-                    self.tokens_per_step,
+                    lambda step: tokens_before(step, cfg),
                     flops_per_token(cfg.model, self.model.num_params()),
                     total_peak_flops(self.device, self.world.size),
                     self.step,
                 )
                 unlogged = None  # the last step's (loss, lr) while not yet logged: a stop logs it
                 while self.step < train.max_iters:
-                    lr = lr_at(self.step, cfg.optim)
+                    lr = lr_at(self.step, cfg.optim) * lr_factor_at(self.step, cfg)
                     loss = self.train_step(lr)
                     if loss is None:  # a stop between its micro-batches dropped the step
                         return self._stop(stop.agreed, unlogged, throughput, progress)
@@ -276,7 +279,8 @@ class Trainer:
         start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
         # the step's batches are drawn first: the loss is the mean over every trained target of the step, in
         # every micro-batch and process, so each micro-batch's mean is weighted by its share of their number
-        batches = [self.objective(*self.batches.next_batch()) for _ in range(micro_batches)]
+        shape = batch_shape_at(self.step, self.cfg)  # (sequences, tokens each): a schedule's, else the full one
+        batches = [self.objective(*self.batches.next_batch(*shape)) for _ in range(micro_batches)]
         counts = [(y != -1).sum() for _, y, _ in batches]
         trained_tokens = self.world.sum(torch.stack(counts).sum())  # over all processes: one all-reduce
         # processes average their gradients (divide by their number): each share is scaled up by it
@@ -404,7 +408,8 @@ class Trainer:
         loss_value = self.world.mean(loss).item()
         if not math.isfinite(loss_value):
             self._diverged(f"the train loss is {loss_value}")
-        record = {"step": self.step, "loss": loss_value, "lr": lr} | throughput.measure(self.step)
+        record = {"step": self.step, "loss": loss_value, "lr": lr, "tokens": tokens_before(self.step, self.cfg)}
+        record |= throughput.measure(self.step)
         trained = {}
         if self.dataset.chat:  # of the step's tokens, those with a loss (the replies, by default)
             record["trained_tokens"] = int(self.trained_tokens.item())
@@ -509,6 +514,8 @@ class Trainer:
         )
         if self.threads_chosen is not None:
             self._print(self.threads_chosen)
+        if describe(cfg) is not None:
+            self._print(describe(cfg))
         for note in (idle_keys(cfg), unfinished_schedule(cfg)):
             if note is not None:
                 self._print(f"note: {note}")
@@ -586,11 +593,25 @@ def _check_fits_in_memory(cfg: Config, device: torch.device, dtype: torch.dtype,
         f"vocab_size={model.vocab_size}, block_size={model.block_size}) and its gradients and optimizer state",
         "choose smaller model.n_layer, n_embd or vocab_size",
     )
-    tokens = cfg.data.batch_size * model.block_size
+    batch_size = max([cfg.data.batch_size] + [size for size, _ in cfg.train.batch_size_stages])
+    rows = f"data.batch_size={batch_size}"
+    if batch_size > cfg.data.batch_size:
+        rows = f"{batch_size} sequences (train.batch_size_schedule={cfg.train.batch_size_schedule!r})"
     check_fits_in_memory(
-        tokens * model.vocab_size * dtype.itemsize,
+        batch_size * model.block_size * model.vocab_size * dtype.itemsize,
         device,
-        f"the logits of one micro-batch of data.batch_size={cfg.data.batch_size} x model.block_size="
-        f"{model.block_size} tokens",
+        f"the logits of one micro-batch of {rows} x model.block_size={model.block_size} tokens",
         "lower data.batch_size and raise train.gradient_accumulation_steps to keep the tokens per step",
     )
+
+
+def _check_rows_hold_conversations(cfg: Config, dataset: TokenDataset) -> None:
+    """A chat dataset's rows start where a conversation starts and hold it whole (check_fits): a
+    train.block_size_schedule's shorter rows must too, or they would cut its longest replies."""
+    shortest = min([cfg.model.block_size] + [size for size, _ in cfg.train.block_size_stages])
+    if dataset.chat and shortest < dataset.meta["chat"]["longest"]:
+        raise UserError(
+            f"train.block_size_schedule={cfg.train.block_size_schedule!r} trains rows of {shortest} tokens, but "
+            f"{dataset.directory} holds a conversation of {dataset.meta['chat']['longest']:,} tokens, which they "
+            f"would cut (use lengths of at least that, or no schedule)"
+        )

@@ -3,6 +3,7 @@ Weights & Biases, and model FLOPs utilisation (MFU) on GPUs."""
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,10 +64,14 @@ def flops_per_token(model_cfg: GPTConfig, n_params: int) -> float:
 
 class Throughput:
     """Training speed over the steps since the last measurement: tokens per second and, where the
-    GPU's peak is known, model FLOPs utilisation."""
+    GPU's peak is known, model FLOPs utilisation. tokens_before(step) counts the tokens of the steps
+    before step (a schedule grows them); MFU counts attention over full block_size rows, so a
+    train.block_size_schedule's shorter rows overstate it slightly."""
 
-    def __init__(self, tokens_per_step: int, flops_per_token: float, peak_flops: float | None, step: int):
-        self.tokens_per_step = tokens_per_step
+    def __init__(
+        self, tokens_before: Callable[[int], int], flops_per_token: float, peak_flops: float | None, step: int
+    ):
+        self.tokens_before = tokens_before
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.restart(step)
@@ -76,7 +81,7 @@ class Throughput:
 
     def measure(self, step: int) -> dict[str, float]:
         now = time.perf_counter()
-        tokens_per_sec = self.tokens_per_step * (step - self.step) / (now - self.time)
+        tokens_per_sec = (self.tokens_before(step) - self.tokens_before(self.step)) / (now - self.time)
         self.step, self.time = step, now
         if self.peak_flops is None:
             return {"tokens_per_sec": tokens_per_sec}
