@@ -144,6 +144,30 @@ def test_chat_run_resumes_to_the_same_losses(tmp_path, chat_data):
     assert losses(tmp_path / "split") == losses(tmp_path / "whole")
 
 
+def test_a_chat_run_trains_on_a_schedule_of_rows_that_hold_every_conversation(tmp_path, chat_data):
+    longest = TokenDataset(chat_data / "chat").meta["chat"]["longest"]  # 64: prepared for rows of 64
+    schedules = dict(
+        train__block_size_schedule=f"{longest}:0.5", train__batch_size_schedule="2:0.5", train__max_iters=4
+    )
+    run = chat_config(tmp_path / "run", chat_data, model__block_size=96, train__eval_interval=4, **schedules)
+    trainer = Trainer(run)
+    forward, shapes = trainer.forward, []
+
+    def record_shape(x, y, **kwargs):
+        if trainer.model.training:
+            shapes.append((*x.shape, int((y != -1).sum())))  # (B, T, trained targets)
+        return forward(x, y, **kwargs)
+
+    trainer.forward = record_shape
+    trainer.fit()
+    assert [(B, T) for B, T, _ in shapes] == [(2, longest), (2, longest), (4, 96), (4, 96)]
+    assert all(trained > 0 for *_, trained in shapes)
+    short = f"{longest - 1}:0.5"
+    message = rf"train.block_size_schedule='{short}' trains rows of {longest - 1} tokens, but .* holds a conversation"
+    with pytest.raises(UserError, match=message + rf" of {longest} tokens, which they would cut"):
+        Trainer(chat_config(tmp_path / "short", chat_data, train__block_size_schedule=short))
+
+
 def test_resuming_a_plain_run_on_a_chat_dataset_is_refused(tmp_path, chat_data, plain_run, data_dir):
     with pytest.raises(UserError, match="holds conversations, but the run in .* was trained on plain text"):
         Trainer(chat_config(tmp_path / "x", chat_data, train__init_from="resume", train__out_dir=str(plain_run)))
