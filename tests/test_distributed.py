@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -152,3 +153,32 @@ def test_a_lora_run_under_torchrun_trains_only_its_adapters_and_samples(parallel
     assert checkpoint["lora"]["source"].endswith("base")
     sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--temperature", "0")
     assert sample.returncode == 0 and len(sample.stdout) > 20, sample.stderr
+
+
+def test_a_scheduled_run_under_torchrun_counts_every_process_and_resumes_bit_for_bit(data_dir, tmp_path):
+    """Each process draws its share of every step's scheduled shape; the run copied at its step-3
+    checkpoint (as a stop there leaves it) and resumed repeats the unbroken run's steps after it."""
+    run_dir = tmp_path / "whole"
+    config = tmp_path / "tiny.toml"
+    config.write_text(tiny_toml(run_dir, data_dir))
+    schedules = ["--train.block_size_schedule=16:0.25", "--train.batch_size_schedule=2:0.5", "--train.max_iters=8"]
+    args = [*schedules, "--train.gradient_accumulation_steps=4", "--train.eval_interval=3", "--model.dropout=0.1"]
+    result = torchrun("train.py", "--config", str(config), *args, "--train.keep_checkpoints=3")
+    assert "steps 0-1: 2 x 16 tokens at 0.66x the LR; steps 2-3: 2 x 32 tokens" in result.stdout
+    records = read_metrics(run_dir)
+    steps = [r for r in records if "loss" in r]
+    assert [r["tokens"] for r in steps] == [
+        4 * 2 * 16 * min(s, 2) + 4 * 2 * 32 * min(max(s - 2, 0), 2) + 4 * 4 * 32 * max(s - 4, 0) for s in range(1, 9)
+    ]
+
+    split = tmp_path / "split"
+    split.mkdir()
+    shutil.copyfile(run_dir / "ckpt_00000003.pt", split / "ckpt.pt")
+    (split / "config.toml").write_text((run_dir / "config.toml").read_text().replace(str(run_dir), str(split)))
+    (split / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records if r["step"] <= 3))
+    torchrun("train.py", "--config", str(split / "config.toml"), "--train.init_from=resume")
+
+    def losses(run):
+        return [(r["step"], r["loss"], r["lr"]) for r in read_metrics(run) if "loss" in r]
+
+    assert losses(split) == losses(run_dir)
