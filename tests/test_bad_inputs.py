@@ -581,6 +581,10 @@ CATALOGUE = [
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("schedule-not-stages", "train.py", [*TRAIN, "--train.block_size_schedule=16:0.3,32"], "train.block_size_schedule='16:0.3,32' is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of train.max_iters it lasts until, rising inside (0, 1); after the last, model.block_size)"),
+    Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),
+    Case("batch-size-lr-power-beyond-range", "train.py", [*TRAIN, "--train.batch_size_lr_power=2"], "train.batch_size_lr_power=2.0 is outside the accepted range 0 .. 1"),
+    Case("scheduled-micro-batch-too-large-for-memory", "train.py", [*TRAIN, f"--train.batch_size_schedule={10**12}:0.5"], f"the logits of one micro-batch of {10**12} sequences (train.batch_size_schedule='{10**12}:0.5') x model.block_size=32 tokens need at least"),
 ]  # fmt: skip
 
 
