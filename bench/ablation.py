@@ -47,6 +47,8 @@ VARIANTS = {  # name: (config, overrides)
     "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
     "muon": (BASE, ["--optim.optimizer=muon"]),
     "quickstart (all)": (QUICKSTART, []),
+    "block_size_schedule=32:0.3": (QUICKSTART, ["--train.block_size_schedule=32:0.3"]),
+    "batch_size_schedule=8:0.5": (QUICKSTART, ["--train.batch_size_schedule=8:0.5"]),
 }
 
 

@@ -180,3 +180,17 @@ def test_chat_fine_tuning_with_documents_trains_replies_on_cuda(tmp_path, data_d
     assert trainer.evaluate()["val"] < before
     records = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert records and all(r["trained_tokens"] > 0 for r in records)
+
+
+def test_sequence_length_and_batch_size_schedules_train_compiled_in_bfloat16_on_cuda(tmp_path, data_dir):
+    """Each stage's shape recompiles the model (then torch's dynamic shapes serve the rest); the run
+    trains at every shape and counts each step's tokens."""
+    schedules = dict(train__block_size_schedule="16:0.3", train__batch_size_schedule="2:0.6")
+    cuda = dict(train__device="cuda", train__dtype="bfloat16", train__compile=True, optim__learning_rate=3e-3)
+    run_dir = tmp_path / "run"
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__max_iters=20, **schedules, **cuda))
+    before = trainer.evaluate()["val"]
+    trainer.fit()
+    steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
+    assert all(math.isfinite(r["loss"]) for r in steps) and trainer.evaluate()["val"] < before - 0.3
+    assert steps[-1]["tokens"] == 6 * 2 * 16 + 6 * 2 * 32 + 8 * 4 * 32
