@@ -40,6 +40,11 @@ def test_each_stage_holds_its_fraction_of_the_steps_then_the_configured_size_fol
     assert lr_factor_at(0, cfg) == (8 / 12) ** 0.6 and lr_factor_at(9, cfg) == 1.0
 
 
+def test_a_stage_ends_where_its_fraction_as_written_says_not_where_float_rounding_puts_it():
+    cfg = build_config({"model": {"block_size": 64}, "train": {"max_iters": 25, "block_size_schedule": "16:0.28"}})
+    assert [batch_shape_at(step, cfg)[1] for step in (6, 7)] == [16, 64]  # 0.28 * 25 = 7.000000000000001 in floats
+
+
 def test_without_a_schedule_every_step_has_the_full_shape_and_the_learning_rate_as_it_was():
     cfg = scheduled()
     assert {batch_shape_at(step, cfg) for step in range(10)} == {(12, 64)}

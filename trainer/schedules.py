@@ -18,14 +18,16 @@ reads rows of the full model.block_size.
 """
 
 import math
+from fractions import Fraction
 from itertools import pairwise
 
 from trainer.config import Config
 
 
 def stage_ends(stages: list[tuple[int, float]], max_iters: int) -> list[int]:
-    """The first step after each stage: stage i holds the steps below until_i * max_iters."""
-    return [math.ceil(until * max_iters) for _, until in stages]
+    """The first step after each stage: stage i holds the steps below until_i * max_iters, the
+    fraction taken as written (0.28 of 25 steps is 7, where the float product is 7.000000000000001)."""
+    return [math.ceil(Fraction(repr(until)) * max_iters) for _, until in stages]
 
 
 def size_at(step: int, stages: list[tuple[int, float]], final: int, max_iters: int) -> int:
