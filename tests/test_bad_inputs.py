@@ -97,6 +97,12 @@ def edit_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return setup
 
 
+def with_unet_skips(checkpoint: dict) -> None:
+    """Make a checkpoint of the tiny run one of the same model with U-net skips (one weight more)."""
+    checkpoint["config"]["model"]["unet_skips"] = True
+    checkpoint["model"]["skips.weight"] = torch.ones(1)
+
+
 def set_value(name: str, value: float) -> Callable[[dict], None]:
     """Set one value of the tensor name, in a checkpoint or a table of tensors, to value."""
 
@@ -581,6 +587,9 @@ CATALOGUE = [
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
+    Case("value-embeds-beyond-half-the-layers", "train.py", [*TRAIN, "--model.value_embeds=2"], "model.value_embeds=2 is outside the accepted range 0 .. n_layer // 2 = 1 (each table serves two of the n_layer=2 layers, one at each end)"),
+    Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
 ]  # fmt: skip
 
 
