@@ -47,6 +47,11 @@ VARIANTS = {  # name: (config, overrides)
     "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
     "muon": (BASE, ["--optim.optimizer=muon"]),
     "quickstart (all)": (QUICKSTART, []),
+    # modded-nanogpt's residual-stream switches, each on top of the quickstart
+    "value_embeds=1": (QUICKSTART, ["--model.value_embeds=1"]),
+    "unet_skips": (QUICKSTART, ["--model.unet_skips=true"]),
+    "backout": (QUICKSTART, ["--model.backout=true"]),
+    "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true"]),
 }
 
 
