@@ -15,6 +15,7 @@ from tests.test_kv_cache import decode_with_cache
 from tests.test_masks import EOT
 from tests.test_optim import CPU, one_step, owners
 from tests.test_trainer import train_losses
+from tests.test_variants import learns_a_batch
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import OptimConfig, idle_keys, load_config
 from trainer.loop import Trainer
@@ -65,17 +66,7 @@ def tokens(rows: int, length: int, seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("switches", SWITCHES.values(), ids=SWITCHES.keys())
 def test_each_switch_learns_a_batch(switches):
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, **switches)).train()
-    idx = tokens(4, 16)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for _ in range(12):
-        _, loss = model(idx[:, :-1], idx[:, 1:])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    assert losses[-1] < losses[0] - 1.0
+    learns_a_batch(GPT(GPTConfig(n_layer=4, n_head=2, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, **switches)))
 
 
 def gradient_per_position(model: GPT, idx: torch.Tensor, t: int) -> torch.Tensor:
