@@ -81,7 +81,7 @@ class GPTConfig:
     attn_document_positions: bool = False  # with attn_documents: positions restart at 0 at each document's start
     eot_token: int = -1  # id of the end-of-text token that separates documents; -1 = the dataset tokenizer's
     # residual-stream switches (modded-nanogpt's speedrun); all off is GPT-2's stack
-    value_embeds: int = 0  # N token tables mixed into attention values, table i in layers i and n_layer-N+i; 0 = off
+    value_embeds: int = 0  # N token tables mixed into attention values (table i: layers i, n_layer-N+i); 0..n_layer//2
     unet_skips: bool = False  # block n_layer-1-i adds block i's output (i < n_layer // 2) to its input, weight learned
     backout: bool = False  # subtract a learned multiple of the residual after 2 * n_layer // 3 blocks before ln_f
     zero_init_proj: bool = False  # attention's and the MLP's c_proj start at zero, not at GPT-2's scaled normal
