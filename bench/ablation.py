@@ -49,6 +49,11 @@ VARIANTS = {  # name: (config, overrides)
     "quickstart (all)": (QUICKSTART, []),
     "block_size_schedule=32:0.3": (QUICKSTART, ["--train.block_size_schedule=32:0.3"]),
     "batch_size_schedule=8:0.5": (QUICKSTART, ["--train.batch_size_schedule=8:0.5"]),
+    # modded-nanogpt's residual-stream switches, each on top of the quickstart
+    "value_embeds=1": (QUICKSTART, ["--model.value_embeds=1"]),
+    "unet_skips": (QUICKSTART, ["--model.unet_skips=true"]),
+    "backout": (QUICKSTART, ["--model.backout=true"]),
+    "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true"]),
 }
 
 

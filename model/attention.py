@@ -11,7 +11,9 @@ query heads, each shared by a group of queries: the KV cache shrinks by that fac
 (queries and keys normalised per head before their dot product, by the model's kind of norm).
 With rotary position embeddings (RoPE: queries and keys rotated by their position, so their dot
 product depends on the distance) the model computes the rotation once per forward pass (`Rotary`)
-and hands it to every layer; without, it hands them `no_rotation`.
+and hands it to every layer; without, it hands them `no_rotation`. With value embeddings (a token
+table whose rows join the values of chosen layers, modded-nanogpt's speedrun) a layer mixes its
+values with its tokens' rows before they are cached, so that cached decoding reads the mixed ones.
 
 On CUDA, a pattern's mask can instead be a FlexAttention `BlockMask` built from the same rule
 (`flex_block_mask`): `flex_attention` then skips the blocks of 128 x 128 scores that the rule blocks
@@ -114,7 +116,8 @@ class CausalSelfAttention(nn.Module):
     (Qwen3-0.6B: 16 heads of 128 over a residual stream of 1024): c_attn projects n_embd to the
     heads and c_proj projects them back. n_kv_head: key/value heads (0 = n_head; 1 = multi-query).
     qk_norm: builds the normalisation of one head's queries or keys from its size (head_dim); None
-    leaves them as they are."""
+    leaves them as they are. value_mix: the layer mixes a value embedding into its values (ValueMix);
+    False leaves them as they are."""
 
     def __init__(
         self,
@@ -126,6 +129,7 @@ class CausalSelfAttention(nn.Module):
         layer_idx: int,
         n_kv_head: int = 0,
         qk_norm: Callable[[int], nn.Module] | None = None,
+        value_mix: bool = False,
     ):
         super().__init__()
         self.n_head = n_head
@@ -138,6 +142,7 @@ class CausalSelfAttention(nn.Module):
         self.c_proj = nn.Linear(self.q_dim, n_embd, bias=bias)
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
+        self.value_mix = ValueMix() if value_mix else NoValueMix()
         self.resid_dropout = nn.Dropout(dropout)
         self.dropout = dropout
         self.layer_idx = layer_idx  # which slot of a KV cache this layer writes
@@ -148,13 +153,15 @@ class CausalSelfAttention(nn.Module):
         mask: torch.Tensor | None = None,
         cache=None,
         rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
+        value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x: (B, T, C). mask: see `attention`; None is plain causal over these T tokens. With a
         cache, the new keys and values go into its slots and the queries attend over all of them.
         rotate: turns (B, T, heads, D) queries or keys by their tokens' positions (`Rotary`'s
-        output); by default they stay as they are."""
+        output); by default they stay as they are. value_embedding: (B, T, Hkv * D), the tokens'
+        rows of the value embedding a layer built with value_mix mixes into its values."""
         B, T, C = x.shape
-        q, k, v = self.heads(x, rotate)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
+        q, k, v = self.heads(x, rotate, value_embedding)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         if cache is not None:
             k, v = cache.update(self.layer_idx, k, v)  # (B, Hkv, kv_len, D)
         y = attention(q, k, v, mask, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, D)
@@ -162,10 +169,14 @@ class CausalSelfAttention(nn.Module):
         return self.resid_dropout(self.c_proj(y))  # (B, T, C)
 
     def heads(
-        self, x: torch.Tensor, rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation
+        self,
+        x: torch.Tensor,
+        rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
+        value_embedding: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries (B, H, T, D), keys and values (B, Hkv, T, D) of x (B, T, C), normalised as the
-        layer was built to, queries and keys then rotated. rotate: as for forward."""
+        layer was built to, queries and keys then rotated, values mixed. rotate, value_embedding:
+        as for forward."""
         B, T, C = x.shape
         H, Hkv, D = self.n_head, self.n_kv_head, self.head_dim
         q, k, v = self.c_attn(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=2)
@@ -173,7 +184,7 @@ class CausalSelfAttention(nn.Module):
         # each (T, D) row is contiguous (measured faster on a CPU than after the transpose)
         q = rotate(self.q_norm(q.view(B, T, H, D))).transpose(1, 2)  # (B, H, T, D)
         k = rotate(self.k_norm(k.view(B, T, Hkv, D))).transpose(1, 2)  # (B, Hkv, T, D)
-        v = v.view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.value_mix(v, value_embedding).view(B, T, Hkv, D).transpose(1, 2)  # (B, Hkv, T, D)
         return q, k, v
 
     def weights(
@@ -186,6 +197,26 @@ class CausalSelfAttention(nn.Module):
         rotate: as for forward."""
         q, k, _ = self.heads(x, rotate)
         return attention_weights(q, k, mask)
+
+
+class ValueMix(nn.Module):
+    """A layer's values v become a * v + b * e, with e its tokens' rows of a value embedding and a, b
+    learned, both starting at 0.5 (modded-nanogpt's speedrun, records of December 2024): the token's
+    identity reaches the layer's output directly, however deep the layer."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.full((2,), 0.5))  # a, b
+
+    def forward(self, v: torch.Tensor, value_embedding: torch.Tensor) -> torch.Tensor:
+        return self.weight[0] * v + self.weight[1] * value_embedding  # (B, T, Hkv * D)
+
+
+class NoValueMix(nn.Module):
+    """Stands in for ValueMix in a layer no value embedding serves: its values stay as they are."""
+
+    def forward(self, v: torch.Tensor, value_embedding: None) -> torch.Tensor:
+        return v
 
 
 class Rotary(nn.Module):

@@ -6,8 +6,10 @@ kv_cache.py, beside this file.
 
 The defaults are GPT-2. A few keys swap in later practice (rotary positions, RMSNorm, QK-norm,
 a ReLU^2 or SwiGLU MLP, grouped-query attention, heads of a width of their own, an untied output
-head, soft-capped logits); each is resolved once, when the model is built, into the module it
-names, so forward() reads the same for every choice.
+head, soft-capped logits), and a few of modded-nanogpt's speedrun change the residual stream
+(value embeddings, U-net skips between early and late blocks, backout, zero-initialised output
+projections); each is resolved once, when the model is built, into the module it names, so
+forward() reads the same for every choice.
 
 Parameter names follow GPT-2's layout (transformer.wte, transformer.h.0.attn.c_attn, ...), so
 GPT-2 weights map one to one; GPT-2 stores its Linear weights transposed (Conv1D), nothing else
@@ -78,6 +80,11 @@ class GPTConfig:
     attn_documents: bool = False  # a query sees only its own document; documents start at eot_token
     attn_document_positions: bool = False  # with attn_documents: positions restart at 0 at each document's start
     eot_token: int = -1  # id of the end-of-text token that separates documents; -1 = the dataset tokenizer's
+    # residual-stream switches (modded-nanogpt's speedrun); all off is GPT-2's stack
+    value_embeds: int = 0  # N token tables mixed into attention values (table i: layers i, n_layer-N+i); 0..n_layer//2
+    unet_skips: bool = False  # block n_layer-1-i adds block i's output (i < n_layer // 2) to its input, weight learned
+    backout: bool = False  # subtract a learned multiple of the residual after 2 * n_layer // 3 blocks before ln_f
+    zero_init_proj: bool = False  # attention's and the MLP's c_proj start at zero, not at GPT-2's scaled normal
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -131,6 +138,11 @@ class GPTConfig:
                 f"logits within 2 * cap of each other, so no token can be predicted with confidence"
             )
         self._check_pattern()
+        if not 0 <= self.value_embeds <= self.n_layer // 2:
+            raise ValueError(
+                f"value_embeds={self.value_embeds} is outside the accepted range 0 .. n_layer // 2 = "
+                f"{self.n_layer // 2} (each table serves two of the n_layer={self.n_layer} layers, one at each end)"
+            )
 
     def _check_pattern(self) -> None:
         for name in ("attn_window", "attn_sinks", "attn_block"):
@@ -189,7 +201,11 @@ class GPTConfig:
         per_block = 2 * norm + attention + mlp
         head = 0 if self.tie_embeddings else self.vocab_size * C
         positions = self.block_size * C if self.pos_emb == "learned" else 0
-        return self.n_layer * per_block + self.vocab_size * C + positions + norm + head
+        value_tables = self.value_embeds * self.vocab_size * self.kv_heads * self.head_size
+        value_mixes = 2 * 2 * self.value_embeds  # a and b in each of the 2N layers the tables serve
+        skips = self.n_layer // 2 if self.unet_skips else 0
+        residual = value_tables + value_mixes + skips + (1 if self.backout else 0)
+        return self.n_layer * per_block + self.vocab_size * C + positions + norm + head + residual
 
 
 class GPT(nn.Module):
@@ -215,6 +231,10 @@ class GPT(nn.Module):
             )
         )
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        # the residual-stream switches, each a module that does nothing when off
+        self.value_embeds = ValueEmbeddings(config) if config.value_embeds else NoValueEmbeddings(config.n_layer)
+        self.skips = UNetSkips(config.n_layer) if config.unet_skips else NoSkips()
+        self.backout = Backout(config.n_layer) if config.backout else NoBackout()
         if config.tie_embeddings:
             # the output projection shares the token embedding's weights (GPT-2 ties them)
             self.lm_head.weight = self.transformer.wte.weight
@@ -224,11 +244,15 @@ class GPT(nn.Module):
         # RoPE: each layer turns its queries and keys by the tokens' positions; learned: no turn
         self.rotary = Rotary(config.rope_base, config.head_size) if config.pos_emb == "rope" else NoRotation()
         self.apply(_init_weights)
+        # scale residual projections by 1/sqrt(2 * n_layer) so the residual stream does not grow with
+        # depth: each block adds two of them (GPT-2 paper, section 2.3). zero_init_proj: zero, so each
+        # block starts as the identity and the stream as the embedding (modded-nanogpt); the first
+        # step's gradient of a zero c_proj is its input times the loss's gradient, not zero
+        std = 0.02 / math.sqrt(2 * config.n_layer)
+        init_proj = nn.init.zeros_ if config.zero_init_proj else partial(nn.init.normal_, mean=0.0, std=std)
         for name, param in self.named_parameters():
             if name.endswith("c_proj.weight"):
-                # scale residual projections by 1/sqrt(2 * n_layer) so the residual stream does not
-                # grow with depth: each block adds two of them (GPT-2 paper, section 2.3)
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                init_proj(param)
         if not config.tie_embeddings:
             # an untied head starts at zero (as in modded-nanogpt): the first prediction is uniform,
             # and the head grows from what the blocks learn to say
@@ -272,9 +296,12 @@ class GPT(nn.Module):
         x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
         rotate = self.rotary(positions)  # the same turn for every layer's queries and keys
-        for block in self.transformer.h:
-            x = block(x, mask, cache, rotate)
-        x = self.transformer.ln_f(x)
+        value_embeddings = self.value_embeds(idx)  # per block: (B, T, kv_heads * head_size), or None
+        residuals = [x]  # the stream before the first block and after each: what skips and backout read
+        for block, value_embedding in zip(self.transformer.h, value_embeddings, strict=True):
+            x = block(self.skips(x, residuals), mask, cache, rotate, value_embedding)
+            residuals.append(x)
+        x = self.transformer.ln_f(self.backout(x, residuals))
         if cache is not None:
             cache.advance(T)
         logits = self.softcap(self.lm_head(x[:, -logits_to_keep:]))  # (B, T or logits_to_keep, vocab_size)
@@ -346,11 +373,12 @@ class GPT(nn.Module):
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. A tied token embedding counts once (it is also the output layer);
-        non_embedding leaves out the tables that do no matrix multiply: the position embedding, and
-        the token embedding when the head is untied."""
+        non_embedding leaves out the tables that do no matrix multiply: the position embedding, the
+        value embeddings, and the token embedding when the head is untied."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= sum(p.numel() for p in self.transformer.wpe.parameters())
+            n -= sum(table.weight.numel() for table in getattr(self.value_embeds, "tables", ()))
             if not self.config.tie_embeddings:
                 n -= self.transformer.wte.weight.numel()
         return n
@@ -371,6 +399,7 @@ class Block(nn.Module):
             layer_idx,
             n_kv_head=config.n_kv_head,
             qk_norm=partial(norm_layer, config) if config.qk_norm else None,
+            value_mix=value_table(config, layer_idx) is not None,
         )
         self.ln_2 = norm_layer(config)
         self.mlp = MLPS[config.mlp](config)
@@ -381,9 +410,93 @@ class Block(nn.Module):
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         rotate: Callable[[torch.Tensor], torch.Tensor] = no_rotation,
+        value_embedding: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), mask, cache, rotate)
+        x = x + self.attn(self.ln_1(x), mask, cache, rotate, value_embedding)
         x = x + self.mlp(self.ln_2(x))
+        return x
+
+
+def value_table(config: GPTConfig, layer: int) -> int | None:
+    """The value embedding that serves a layer: of N = value_embeds tables, table i serves the first
+    layers' layer i and the last layers' layer n_layer - N + i (modded-nanogpt's 3 tables serve
+    layers 0-2 and the last 3 of 12, the same table at both ends of the U); None: no table does."""
+    N = config.value_embeds
+    if layer < N:
+        return layer
+    if layer >= config.n_layer - N:
+        return layer - (config.n_layer - N)
+    return None
+
+
+class ValueEmbeddings(nn.Module):
+    """value_embeds token tables, each a row of kv_heads * head_size per token (the width of a layer's
+    values), looked up once per forward pass and handed to the layers value_table assigns them
+    (KoszarskyB, in modded-nanogpt's speedrun of December 2024)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        width = config.kv_heads * config.head_size
+        self.tables = nn.ModuleList(nn.Embedding(config.vocab_size, width) for _ in range(config.value_embeds))
+        self.layer_tables = [value_table(config, layer) for layer in range(config.n_layer)]
+
+    def forward(self, idx: torch.Tensor) -> list[torch.Tensor | None]:
+        rows = [table(idx) for table in self.tables]  # each (B, T, kv_heads * head_size)
+        return [None if i is None else rows[i] for i in self.layer_tables]
+
+
+class NoValueEmbeddings(nn.Module):
+    """Stands in for ValueEmbeddings without value_embeds: no layer gets one."""
+
+    def __init__(self, n_layer: int):
+        super().__init__()
+        self.n_layer = n_layer
+
+    def forward(self, idx: torch.Tensor) -> list[None]:
+        return [None] * self.n_layer
+
+
+class UNetSkips(nn.Module):
+    """U-net skips between early and late blocks (Brendan Hogan, modded-nanogpt's speedrun of November
+    2024): block n_layer - 1 - i, in the second half, adds the output of block i, in the first half,
+    times a learned weight starting at 1, to its input; an odd n_layer's middle block adds none."""
+
+    def __init__(self, n_layer: int):
+        super().__init__()
+        self.n_layer = n_layer
+        self.weight = nn.Parameter(torch.ones(n_layer // 2))  # weight[i]: of block i's output
+
+    def forward(self, x: torch.Tensor, residuals: list[torch.Tensor]) -> torch.Tensor:
+        """x: (B, T, C), the input of the next block; residuals: the stream before the first block and
+        after each block so far (residuals[i + 1] is block i's output)."""
+        early = self.n_layer - len(residuals)  # the block whose output the next one adds
+        if early >= self.weight.numel():
+            return x  # the next block is in the first half (or the middle)
+        return x + self.weight[early] * residuals[early + 1]
+
+
+class NoSkips(nn.Module):
+    def forward(self, x: torch.Tensor, residuals: list[torch.Tensor]) -> torch.Tensor:
+        return x
+
+
+class Backout(nn.Module):
+    """Backout (modded-nanogpt's speedrun, October 2025): before the final norm, the stream loses a
+    learned multiple (starting at 0.5) of itself as it stood after the first 2 * n_layer // 3 blocks
+    (8 of 12, the record's choice). What the early blocks wrote is context for later blocks; backing
+    part of it out leaves the head the later blocks' prediction."""
+
+    def __init__(self, n_layer: int):
+        super().__init__()
+        self.layer = 2 * n_layer // 3  # residuals[layer]: the stream after that many blocks
+        self.weight = nn.Parameter(torch.full((1,), 0.5))
+
+    def forward(self, x: torch.Tensor, residuals: list[torch.Tensor]) -> torch.Tensor:
+        return x - self.weight * residuals[self.layer]  # (B, T, C)
+
+
+class NoBackout(nn.Module):
+    def forward(self, x: torch.Tensor, residuals: list[torch.Tensor]) -> torch.Tensor:
         return x
 
 

@@ -97,6 +97,12 @@ def edit_checkpoint(change: Callable[[dict], object]) -> Callable[[Path], None]:
     return setup
 
 
+def with_unet_skips(checkpoint: dict) -> None:
+    """Make a checkpoint of the tiny run one of the same model with U-net skips (one weight more)."""
+    checkpoint["config"]["model"]["unet_skips"] = True
+    checkpoint["model"]["skips.weight"] = torch.ones(1)
+
+
 def set_value(name: str, value: float) -> Callable[[dict], None]:
     """Set one value of the tensor name, in a checkpoint or a table of tensors, to value."""
 
@@ -585,6 +591,9 @@ CATALOGUE = [
     Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),
     Case("batch-size-lr-power-beyond-range", "train.py", [*TRAIN, "--train.batch_size_lr_power=2"], "train.batch_size_lr_power=2.0 is outside the accepted range 0 .. 1"),
     Case("scheduled-micro-batch-too-large-for-memory", "train.py", [*TRAIN, f"--train.batch_size_schedule={10**12}:0.5"], f"the logits of one micro-batch of {10**12} sequences (train.batch_size_schedule='{10**12}:0.5') x model.block_size=32 tokens need at least"),
+    # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
+    Case("value-embeds-beyond-half-the-layers", "train.py", [*TRAIN, "--model.value_embeds=2"], "model.value_embeds=2 is outside the accepted range 0 .. n_layer // 2 = 1 (each table serves two of the n_layer=2 layers, one at each end)"),
+    Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
 ]  # fmt: skip
 
 

@@ -68,7 +68,14 @@ def test_compiled_run_logs_mfu_resumes_in_another_precision_and_samples(tmp_path
     assert sample.stdout.startswith("ROMEO:") and len(sample.stdout) == len("ROMEO:") + 50 + 1
 
 
-@pytest.mark.parametrize("pattern", [{}, {"attn_window": 8}], ids=["causal", "window"])
+RESIDUAL_SWITCHES = {"value_embeds": 1, "unet_skips": True, "backout": True}
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [{}, {"attn_window": 8}, {"attn_window": 8, **RESIDUAL_SWITCHES}],
+    ids=["causal", "window", "window-with-residual-switches"],
+)
 def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch, pattern):
     from model import generate, left_pad
 
@@ -194,3 +201,17 @@ def test_sequence_length_and_batch_size_schedules_train_compiled_in_bfloat16_on_
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert all(math.isfinite(r["loss"]) for r in steps) and trainer.evaluate()["val"] < before - 0.3
     assert steps[-1]["tokens"] == 6 * 2 * 16 + 6 * 2 * 32 + 8 * 4 * 32
+def test_residual_switches_train_compiled_in_bfloat16_and_sample_on_cuda(tmp_path, data_dir):
+    """Value embeddings, U-net skips, backout and zero-initialised projections in the GPU setting:
+    bfloat16, compiled, Muon for the block matrices; the loss falls and the run samples on the GPU."""
+    run_dir = tmp_path / "run"
+    switches = {f"model__{key}": value for key, value in RESIDUAL_SWITCHES.items()}
+    trainer = Trainer(tiny_config(run_dir, data_dir, model__n_layer=4, model__zero_init_proj=True, **switches,
+                                  optim__optimizer="muon", optim__learning_rate=3e-3, train__device="cuda",
+                                  train__dtype="bfloat16", train__compile=True, train__max_iters=30,
+                                  train__eval_interval=30))  # fmt: skip
+    before = trainer.evaluate()["val"]
+    trainer.fit()
+    assert trainer.evaluate()["val"] < before - 0.3
+    sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda")
+    assert sample.returncode == 0, sample.stderr

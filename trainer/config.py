@@ -341,6 +341,11 @@ ACTS_ONLY_WITH = {
         "a model.attn_window below block_size: a causal query already sees the first positions",
     ),
     "model.eot_token": (lambda cfg: cfg.model.attn_documents, "model.attn_documents=true"),
+    "model.unet_skips": (lambda cfg: cfg.model.n_layer >= 2, "model.n_layer of 2 or more: a skip joins two blocks"),
+    "model.zero_init_proj": (
+        lambda cfg: cfg.train.init_from in INIT_FROM,
+        "train.init_from='scratch': a fine-tuned model starts from its base's weights",
+    ),
     "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")

@@ -292,10 +292,12 @@ def from_run_checkpoint(cfg: Config, checkpoint: dict, dataset_meta: dict) -> tu
 
 
 def grow_vocabulary(state: dict[str, torch.Tensor], known: int, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The weights with the token embedding (and an untied output layer) grown to vocab_size rows, the
-    new rows each the mean of the first `known` rows (the tokens the model was trained on)."""
+    """The weights with the token embedding (and an untied output layer, and value embeddings) grown to
+    vocab_size rows, the new rows each the mean of the first `known` rows (the tokens the model was
+    trained on)."""
     grown = dict(state)
-    for name in ("transformer.wte.weight", "lm_head.weight"):
+    tables = [name for name in state if name.startswith("value_embeds.tables.")]
+    for name in ("transformer.wte.weight", "lm_head.weight", *tables):
         if name in state and state[name].size(0) < vocab_size:
             rows = state[name]
             mean = rows[:known].mean(dim=0, keepdim=True)  # (1, C)
