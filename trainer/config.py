@@ -312,6 +312,7 @@ ACTS_ONLY_WITH = {
         "a model.attn_window below block_size: a causal query already sees the first positions",
     ),
     "model.eot_token": (lambda cfg: cfg.model.attn_documents, "model.attn_documents=true"),
+    "model.mtp_weight": (lambda cfg: cfg.model.mtp_tokens > 0, "model.mtp_tokens above 0"),
     "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
