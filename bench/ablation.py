@@ -47,6 +47,10 @@ VARIANTS = {  # name: (config, overrides)
     "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
     "muon": (BASE, ["--optim.optimizer=muon"]),
     "quickstart (all)": (QUICKSTART, []),
+    # the neighbouring-token switches, each on top of the quickstart
+    "smear_gate": (QUICKSTART, ["--model.smear_gate=true"]),
+    "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226"]),
+    "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2"]),
 }
 
 

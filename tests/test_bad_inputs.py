@@ -581,6 +581,10 @@ CATALOGUE = [
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    # the switches that read neighbouring tokens (smear gate, bigram table, multi-token prediction)
+    Case("bigram-table-of-one-row", "train.py", [*TRAIN, "--model.bigram_embed=1"], "model.bigram_embed=1 must be 0 (off) or at least 2 rows (one for the tokens with no previous token, the others for the pairs)"),
+    Case("mtp-tokens-beyond-the-row", "train.py", [*TRAIN, "--model.mtp_tokens=32"], "model.mtp_tokens=32 must be 0 (off) or a number of extra targets below block_size=32"),
+    Case("mtp-weight-out-of-range", "train.py", [*TRAIN, "--model.mtp_tokens=2", "--model.mtp_weight=0"], "model.mtp_weight=0.0 must be in (0, 1]: its own target weighs 1, later ones less"),
 ]  # fmt: skip
 
 
