@@ -54,6 +54,10 @@ VARIANTS = {  # name: (config, overrides)
     "unet_skips": (QUICKSTART, ["--model.unet_skips=true"]),
     "backout": (QUICKSTART, ["--model.backout=true"]),
     "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true"]),
+    # the neighbouring-token switches, each on top of the quickstart
+    "smear_gate": (QUICKSTART, ["--model.smear_gate=true"]),
+    "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226"]),
+    "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2"]),
 }
 
 

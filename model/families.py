@@ -129,12 +129,13 @@ SETTINGS = (
 SWITCHES = (
     "pos_emb", "norm", "qk_norm", "mlp", "grouped_query", "head_dim", "tie_embeddings", "bias", "logit_softcap",
     "attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents", "attn_document_positions",
-    "value_embeds", "unet_skips", "backout",
+    "value_embeds", "unet_skips", "backout", "smear_gate", "bigram_embed",
 )  # fmt: skip
 PLAIN = {"logit_softcap": (0.0,), "attn_sinks": (0,), "attn_prefix_lm": (False,), "attn_block": (0,)}
 PLAIN |= {"attn_documents": (False,), "attn_document_positions": (False,)}
 # the residual-stream switches no family computes (model.zero_init_proj is not one: it only starts the weights)
 PLAIN |= {"value_embeds": (0,), "unet_skips": (False,), "backout": (False,)}
+PLAIN |= {"smear_gate": (False,), "bigram_embed": (0,)}  # no family reads the token before a token's embedding
 # config.json keys that describe the file, not the computation, or only training (dropout)
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json keys that name a token, when set
 HARMLESS = {

@@ -45,6 +45,10 @@ PATTERN_CONFLICTS = {
     ("attn_sinks", "attn_documents"): "every document would see the first tokens of the row's first document",
 }
 
+SMEAR_GATE_FEATURES = 12  # the smear gate reads a token's first 12 embedding features (modded-nanogpt's choice)
+# two odd 32-bit multipliers (Knuth's golden-ratio one and an xxHash prime): the XOR of a pair's products spreads
+# the pairs over the buckets of a hashed bigram table, where a sum (prev * vocab + cur) would collide in runs
+BIGRAM_HASH = (2654435761, 2246822519)
 MAX_ROPE_BASE = 1e12  # rope_base's upper end: far beyond the bases in use, it catches a value typed wrong
 
 
@@ -85,6 +89,11 @@ class GPTConfig:
     unet_skips: bool = False  # block n_layer-1-i adds block i's output (i < n_layer // 2) to its input, weight learned
     backout: bool = False  # subtract a learned multiple of the residual after 2 * n_layer // 3 blocks before ln_f
     zero_init_proj: bool = False  # attention's and the MLP's c_proj start at zero, not at GPT-2's scaled normal
+    # neighbouring-token switches (modded-nanogpt's speedrun)
+    smear_gate: bool = False  # a token's embedding adds the previous token's through a learned gate, closed at first
+    bigram_embed: int = 0  # rows of a zero-initialised table of token pairs: vocab^2+1 exact, fewer hashed; 0 = off
+    mtp_tokens: int = 0  # in training, each position also learns the mtp_tokens targets after its own; 0 = off
+    mtp_weight: float = 0.5  # the k-th extra target weighs mtp_weight^k (its own: 1), fading to 0, the furthest first
 
     def __post_init__(self):
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -143,6 +152,7 @@ class GPTConfig:
                 f"value_embeds={self.value_embeds} is outside the accepted range 0 .. n_layer // 2 = "
                 f"{self.n_layer // 2} (each table serves two of the n_layer={self.n_layer} layers, one at each end)"
             )
+        self._check_neighbours()
 
     def _check_pattern(self) -> None:
         for name in ("attn_window", "attn_sinks", "attn_block"):
@@ -168,6 +178,22 @@ class GPTConfig:
         if self.eot_token < -1:
             raise ValueError(f"eot_token={self.eot_token} must be a token id, or -1 (the dataset tokenizer's)")
 
+    def _check_neighbours(self) -> None:
+        if self.bigram_embed < 0 or self.bigram_embed == 1:
+            raise ValueError(
+                f"bigram_embed={self.bigram_embed} must be 0 (off) or at least 2 rows (one for the tokens with no "
+                f"previous token, the others for the pairs)"
+            )
+        if not 0 <= self.mtp_tokens < self.block_size:
+            raise ValueError(
+                f"mtp_tokens={self.mtp_tokens} must be 0 (off) or a number of extra targets below "
+                f"block_size={self.block_size}"
+            )
+        if not 0 < self.mtp_weight <= 1:
+            raise ValueError(
+                f"mtp_weight={self.mtp_weight} must be in (0, 1]: its own target weighs 1, later ones less"
+            )
+
     @property
     def head_size(self) -> int:
         """The width of one attention head: head_dim, or n_embd / n_head when it is 0."""
@@ -185,6 +211,12 @@ class GPTConfig:
         if self.mlp_width:
             return self.mlp_width
         return 8 * self.n_embd // 3 if self.mlp == "swiglu" else 4 * self.n_embd
+
+    @property
+    def bigram_rows(self) -> int:
+        """The bigram table's rows: one per pair of tokens and one for no previous token where
+        bigram_embed allows as many (exact), else bigram_embed (hashed)."""
+        return min(self.bigram_embed, self.vocab_size**2 + 1)
 
     def num_params(self) -> int:
         """The parameters of GPT(self), counted without building it; a tied output layer is the
@@ -205,7 +237,9 @@ class GPTConfig:
         value_mixes = 2 * 2 * self.value_embeds  # a and b in each of the 2N layers the tables serve
         skips = self.n_layer // 2 if self.unet_skips else 0
         residual = value_tables + value_mixes + skips + (1 if self.backout else 0)
-        return self.n_layer * per_block + self.vocab_size * C + positions + norm + head + residual
+        smear = min(SMEAR_GATE_FEATURES, C) + 1 if self.smear_gate else 0  # the gate's weights and its scale
+        bigram = self.bigram_rows * C if self.bigram_embed else 0
+        return self.n_layer * per_block + self.vocab_size * C + positions + norm + head + residual + smear + bigram
 
 
 class GPT(nn.Module):
@@ -241,6 +275,11 @@ class GPT(nn.Module):
         self.softcap = SoftCap(config.logit_softcap) if config.logit_softcap > 0 else nn.Identity()
         # what the position embedding (or rotation) counts from: the row's start, or each document's
         self.positions = DocumentPositions(config.eot_token) if config.attn_document_positions else RowPositions()
+        # the smear gate and the bigram table read the token before each token; without them, a token is its row
+        reads_previous = config.smear_gate or config.bigram_embed
+        self.embed = NeighbourEmbedding(config) if reads_previous else TokenEmbedding()
+        # the training loss: next-token cross-entropy, with multi-token prediction's later targets beside it
+        self.loss = MultiTokenLoss(config.mtp_tokens, config.mtp_weight) if config.mtp_tokens else NextTokenLoss()
         # RoPE: each layer turns its queries and keys by the tokens' positions; learned: no turn
         self.rotary = Rotary(config.rope_base, config.head_size) if config.pos_emb == "rope" else NoRotation()
         self.apply(_init_weights)
@@ -292,8 +331,9 @@ class GPT(nn.Module):
             slots = cache.slots(T)  # (T,)
         positions = slots[None] if pad is None else slots[None] - pad[:, None]  # (1 or B, T); negative: padding
         mask = self.attention_mask(idx, positions, slots, cache, pad, prefix)  # the pattern reads row positions
+        tok_emb = self.embed(self.transformer.wte, idx, positions, cache)  # (B, T, C); reads row positions
         positions = self.positions(idx, positions, cache)  # (1 or B, T): what position embeddings see
-        x = self.transformer.wte(idx) + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
+        x = tok_emb + self.transformer.wpe(positions.clamp(min=0))  # (B, T, C)
         x = self.transformer.drop(x)
         rotate = self.rotary(positions)  # the same turn for every layer's queries and keys
         value_embeddings = self.value_embeds(idx)  # per block: (B, T, kv_heads * head_size), or None
@@ -307,10 +347,7 @@ class GPT(nn.Module):
         logits = self.softcap(self.lm_head(x[:, -logits_to_keep:]))  # (B, T or logits_to_keep, vocab_size)
         if targets is None:
             return logits, None
-        # the mean over the targets that count: their sum over their number, which is 0 (not NaN, as
-        # cross_entropy's mean gives) when none does, as in a chat micro-batch of prompts only
-        losses = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1, reduction="sum")
-        return logits, losses / (targets != -1).sum().clamp(min=1)
+        return logits, self.loss(logits, targets)
 
     def attention_mask(
         self,
@@ -557,6 +594,142 @@ class SoftCap(nn.Module):
 
     def extra_repr(self) -> str:
         return f"cap={self.cap}"
+
+
+class TokenEmbedding(nn.Module):
+    """A token's embedding is its row of the token table (GPT-2)."""
+
+    def forward(
+        self, wte: nn.Embedding, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        return wte(idx)
+
+
+class NeighbourEmbedding(nn.Module):
+    """A token's embedding, plus what it reads of the token before it: the smear gate, the bigram
+    table, or both (modded-nanogpt's speedrun).
+
+    A token has no previous token at the row's first real position (left padding has none to give),
+    nor, with attn_documents, where it opens a document (the end-of-text token): a document never
+    reads the one before it. With a cache, the token before a call's first is the cache's last."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.eot_token = config.eot_token if config.attn_documents else -1  # -1: no token opens a document
+        self.parts = nn.ModuleList(
+            [part(config) for on, part in ((config.smear_gate, SmearGate), (config.bigram_embed, BigramTable)) if on]
+        )
+
+    def forward(
+        self, wte: nn.Embedding, idx: torch.Tensor, positions: torch.Tensor, cache: KVCache | None = None
+    ) -> torch.Tensor:
+        """idx: (B, T) tokens at row positions (1 or B, T) (negative: left padding). Returns (B, T, C)."""
+        before = F.pad(idx[:, :-1], (1, 0)) if cache is None else cache.tokens_before(idx)  # (B, T)
+        has_previous = (positions > 0) & (idx != self.eot_token)  # (B, T)
+        previous = torch.where(has_previous, before, -1)  # (B, T): the token before each, -1 for none
+        x = wte(idx)  # (B, T, C)
+        for part in self.parts:
+            x = part(x, idx, previous, wte)
+        return x
+
+
+class SmearGate(nn.Module):
+    """x + scale * sigmoid(w . x[:12]) * wte(previous token): each token mixes in the previous one's
+    embedding, by as much as a gate read from its own first features decides (modded-nanogpt,
+    record of 2025-09-18: attention heads spent on the previous token are costly). The scale starts
+    at 0, so the gate starts closed and the model at first computes what it would without it."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.gate = nn.Parameter(torch.zeros(min(SMEAR_GATE_FEATURES, config.n_embd)))  # (features,)
+        self.scale = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, previous: torch.Tensor, wte: nn.Embedding) -> torch.Tensor:
+        """x: (B, T, C) embeddings of idx (B, T); previous: (B, T) the token before each, -1 for none."""
+        previous_emb = wte(previous.clamp(min=0)) * (previous >= 0)[..., None]  # (B, T, C): 0 where none
+        gate = self.scale * torch.sigmoid(x[..., : self.gate.numel()] @ self.gate)  # (B, T)
+        return x + gate[..., None] * previous_emb
+
+
+class BigramTable(nn.Module):
+    """x + table[pair]: a learned, zero-initialised row for each pair (previous token, token), and one
+    for a token with no previous token (the last row). One row per pair where vocab_size^2 + 1 rows
+    fit in bigram_embed (character vocabularies: 65^2 + 1), else the pairs are hashed into
+    bigram_embed - 1 shared rows (modded-nanogpt's bigram hash embedding, record of 2026-01-19)."""
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.vocab_size = config.vocab_size
+        self.pairs = config.bigram_rows - 1  # the rows of the pairs; the last is no previous token's
+        self.exact = self.pairs == config.vocab_size**2
+        self.weight = nn.Parameter(torch.zeros(config.bigram_rows, config.n_embd))
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, previous: torch.Tensor, wte: nn.Embedding) -> torch.Tensor:
+        """x: (B, T, C) embeddings of idx (B, T); previous: (B, T) the token before each, -1 for none."""
+        if self.exact:
+            pair = previous * self.vocab_size + idx  # (B, T): below vocab_size^2 where there is a previous token
+        else:
+            pair = (previous * BIGRAM_HASH[0]) ^ (idx * BIGRAM_HASH[1])  # (B, T); no overflow below 2^31 tokens
+        row = torch.where(previous >= 0, pair % self.pairs, self.pairs)  # (B, T)
+        return x + F.embedding(row, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"rows={self.pairs + 1}, {'exact' if self.exact else 'hashed'}"
+
+
+class NextTokenLoss(nn.Module):
+    """The mean cross-entropy of each position's logits against its target, over the targets that
+    are not -1 (padding, untrained tokens)."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """logits: (B, T, vocab_size); targets: (B, T). A scalar."""
+        B, T = targets.shape
+        # the mean over the targets that count: their sum over their number, which is 0 (not NaN, as
+        # cross_entropy's mean gives) when none does, as in a chat micro-batch of prompts only
+        losses = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=-1, reduction="sum")
+        return losses / (targets != -1).sum().clamp(min=1)
+
+    def set_progress(self, progress: float) -> None:
+        """Where training stands (0 to 1): nothing here follows it."""
+
+
+class MultiTokenLoss(NextTokenLoss):
+    """Multi-token prediction as an auxiliary loss, with no parameters of its own (modded-nanogpt,
+    record of 2025-12-22): in training, position t's logits learn its own target (weight 1) and the
+    `tokens` targets after it, the k-th with weight `weight`^k, summed over the number of own targets.
+
+    The extra weights fade to 0 over training, the furthest first: training is cut into tokens + 1
+    equal parts; in the first, the furthest target's weight falls linearly to 0, in the next the one
+    before it, and so on; the last part trains on the next token alone. The trainer tells the loss
+    where training stands (set_progress: the step over the learning-rate schedule's length). In eval
+    mode it is NextTokenLoss: evaluation sees the next-token loss only."""
+
+    def __init__(self, tokens: int, weight: float):
+        super().__init__()
+        self.tokens = tokens
+        self.weight = weight
+        self.register_buffer("weights", self.weights_at(0.0), persistent=False)  # (1 + tokens,)
+
+    def weights_at(self, progress: float) -> torch.Tensor:
+        """(1 + tokens,) the weight of each target, its own first, when training is `progress` done."""
+        parts = self.tokens + 1
+        # the k-th later target's weight falls from 1 to 0 in part tokens - k (counted from 0)
+        fading = [min(max(parts - k - progress * parts, 0.0), 1.0) for k in range(1, parts)]
+        return torch.tensor([1.0] + [self.weight**k * fade for k, fade in enumerate(fading, start=1)])
+
+    def set_progress(self, progress: float) -> None:
+        self.weights.copy_(self.weights_at(progress))
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return super().forward(logits, targets)
+        # position t's k-th later target is target t + k, never a token t sees: no pattern shows position t a
+        # later token than it shows t + k, which does not see its own target; -1 past the row's end
+        later = F.pad(targets, (0, self.tokens), value=-1).unfold(1, self.tokens + 1, 1)  # (B, T, 1 + tokens)
+        logits = logits.float()  # as cross_entropy computes under autocast
+        picked = logits.gather(-1, later.clamp(min=0))  # (B, T, 1 + tokens): each target's logit
+        losses = (logits.logsumexp(-1, keepdim=True) - picked) * (later != -1)  # cross-entropy of each target
+        return (losses * self.weights).sum() / (targets != -1).sum().clamp(min=1)
 
 
 class RowPositions(nn.Module):

@@ -15,7 +15,8 @@ A sliding-window model needs only the last W positions (and its S sinks): `Rolli
 W + S slots and overwrites the oldest, so its memory is bounded by the window, not the sequence.
 Both caches record what attention patterns need of the cached keys: their positions and, for
 document masking, the document of each position (and, for positions that restart at each document,
-where the open document started).
+where the open document started); and, for the switches that read the token before each token (the
+smear gate, the bigram table), each row's last token.
 """
 
 import torch
@@ -59,9 +60,11 @@ class KVCache:
         self.doc_ids = torch.zeros(batch_size, max_len + 1, dtype=torch.long, device=device)
         self.eot_seen = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         self.doc_start = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+        # the smear gate and the bigram table: each row's last token, the one before the next call's first
+        self.last_token = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
         # The buffers stay at fixed addresses and are updated in place, so compiled steps (CUDA graphs
         # included) may read and write them directly instead of copying them in and out.
-        for buffer in (*self.k, *self.v, self.next_slot, self.doc_ids, self.eot_seen, self.doc_start):
+        for buffer in (*self.k, *self.v, self.next_slot, self.doc_ids, self.eot_seen, self.doc_start, self.last_token):
             torch._dynamo.mark_static_address(buffer)
 
     @torch.compiler.disable  # host-side bookkeeping: keeps the changing count out of compiled graphs
@@ -109,6 +112,14 @@ class KVCache:
         self.doc_start.copy_(start)
         return positions
 
+    def tokens_before(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, T) the token before each of the new tokens idx (B, T): the last cached one before the
+        first (meaningless at a row's start, where the caller reads none). Records idx's last token.
+        Once per forward pass."""
+        before = torch.cat([self.last_token, idx[:, :-1]], dim=1)
+        self.last_token.copy_(idx[:, -1:])
+        return before
+
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) keys and values into the current call's slots; return the layer's
         keys and values over kv_len slots, (B, H, kv_len, D) (when static, the caller masks the
@@ -138,7 +149,7 @@ class KVCache:
 
     def _row_buffers(self) -> list[torch.Tensor]:
         """Every buffer with one row per sequence."""
-        return [*self.k, *self.v, self.doc_ids, self.eot_seen, self.doc_start]
+        return [*self.k, *self.v, self.doc_ids, self.eot_seen, self.doc_start, self.last_token]
 
     def reset(self) -> None:
         """Forget the cached tokens; the memory is kept and overwritten."""
@@ -147,6 +158,7 @@ class KVCache:
         self.doc_ids.zero_()
         self.eot_seen.zero_()
         self.doc_start.zero_()
+        self.last_token.zero_()
 
 
 class RollingKVCache(KVCache):

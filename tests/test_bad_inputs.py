@@ -594,6 +594,10 @@ CATALOGUE = [
     # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
     Case("value-embeds-beyond-half-the-layers", "train.py", [*TRAIN, "--model.value_embeds=2"], "model.value_embeds=2 is outside the accepted range 0 .. n_layer // 2 = 1 (each table serves two of the n_layer=2 layers, one at each end)"),
     Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
+    # the switches that read neighbouring tokens (smear gate, bigram table, multi-token prediction)
+    Case("bigram-table-of-one-row", "train.py", [*TRAIN, "--model.bigram_embed=1"], "model.bigram_embed=1 must be 0 (off) or at least 2 rows (one for the tokens with no previous token, the others for the pairs)"),
+    Case("mtp-tokens-beyond-the-row", "train.py", [*TRAIN, "--model.mtp_tokens=32"], "model.mtp_tokens=32 must be 0 (off) or a number of extra targets below block_size=32"),
+    Case("mtp-weight-out-of-range", "train.py", [*TRAIN, "--model.mtp_tokens=2", "--model.mtp_weight=0"], "model.mtp_weight=0.0 must be in (0, 1]: its own target weighs 1, later ones less"),
 ]  # fmt: skip
 
 

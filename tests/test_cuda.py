@@ -214,4 +214,30 @@ def test_residual_switches_train_compiled_in_bfloat16_and_sample_on_cuda(tmp_pat
     trainer.fit()
     assert trainer.evaluate()["val"] < before - 0.3
     sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda")
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_path, data_dir, compile, monkeypatch):
+    """The smear gate, an exact bigram table (65^2 + 1 rows) and multi-token prediction together on the
+    GPU in bfloat16, eager and compiled (the multi-token weights change from step to step inside the
+    compiled graph): the loss falls; the trained model decodes through a static cache as its full pass
+    computes, and samples with compiled decoding."""
+    run_dir = tmp_path / "run"
+    switches = dict(model__smear_gate=True, model__bigram_embed=65**2 + 1, model__mtp_tokens=2)
+    trainer = Trainer(tiny_config(run_dir, data_dir, train__device="cuda", train__dtype="bfloat16",
+                                  train__compile=compile, train__max_iters=30, train__eval_interval=30,
+                                  optim__learning_rate=3e-3, **switches))  # fmt: skip
+    before = trainer.evaluate()["val"]
+    trainer.fit()
+    assert trainer.evaluate()["val"] < before - 0.3
+    assert trainer.model.loss.weights.tolist() == [1, 0, 0]  # past optim.lr_decay_iters: the next token alone
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # exact float32 products
+    model = trainer.model.eval()
+    idx = torch.randint(0, 65, (2, 32), device="cuda")
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = model.new_cache(2, static=True)
+        pieces = [model(idx[:, :7], cache=cache)[0]] + [model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, 32)]
+    assert (torch.cat(pieces, dim=1) - full).abs().max().item() < 1e-4
+    sample = run_script(
+        "sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda", "--compile"
+    )
     assert sample.returncode == 0, sample.stderr

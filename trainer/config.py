@@ -346,6 +346,7 @@ ACTS_ONLY_WITH = {
         lambda cfg: cfg.train.init_from in INIT_FROM,
         "train.init_from='scratch': a fine-tuned model starts from its base's weights",
     ),
+    "model.mtp_weight": (lambda cfg: cfg.model.mtp_tokens > 0, "model.mtp_tokens above 0"),
     "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")

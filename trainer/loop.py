@@ -233,6 +233,8 @@ class Trainer:
                 unlogged = None  # the last step's (loss, lr) while not yet logged: a stop logs it
                 while self.step < train.max_iters:
                     lr = lr_at(self.step, cfg.optim) * lr_factor_at(self.step, cfg)
+                    # multi-token prediction's weights fade over the schedule's steps, saved with the run
+                    self.model.loss.set_progress(min(self.step / cfg.optim.lr_decay_iters, 1.0))
                     loss = self.train_step(lr)
                     if loss is None:  # a stop between its micro-batches dropped the step
                         return self._stop(stop.agreed, unlogged, throughput, progress)
