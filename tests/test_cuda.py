@@ -201,6 +201,8 @@ def test_sequence_length_and_batch_size_schedules_train_compiled_in_bfloat16_on_
     steps = [r for r in read_metrics(run_dir / "metrics.jsonl") if "loss" in r]
     assert all(math.isfinite(r["loss"]) for r in steps) and trainer.evaluate()["val"] < before - 0.3
     assert steps[-1]["tokens"] == 6 * 2 * 16 + 6 * 2 * 32 + 8 * 4 * 32
+
+
 def test_residual_switches_train_compiled_in_bfloat16_and_sample_on_cuda(tmp_path, data_dir):
     """Value embeddings, U-net skips, backout and zero-initialised projections in the GPU setting:
     bfloat16, compiled, Muon for the block matrices; the loss falls and the run samples on the GPU."""
@@ -214,6 +216,9 @@ def test_residual_switches_train_compiled_in_bfloat16_and_sample_on_cuda(tmp_pat
     trainer.fit()
     assert trainer.evaluate()["val"] < before - 0.3
     sample = run_script("sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda")
+    assert sample.returncode == 0, sample.stderr
+
+
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_path, data_dir, compile, monkeypatch):
     """The smear gate, an exact bigram table (65^2 + 1 rows) and multi-token prediction together on the
