@@ -581,6 +581,9 @@ CATALOGUE = [
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
+    Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
+    Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),
 ]  # fmt: skip
 
 
