@@ -48,7 +48,6 @@ MODULE_KINDS = (
     "Embedding",
 )  # forward time by these module classes
 BLOCK = 10  # steps per timed block
-# what no part holds: the step's own Python; the parts' sum and the whole disagree by about 1 ms either way
 REST = "whole step - the parts (the step's own Python)"
 
 
@@ -113,10 +112,11 @@ def main() -> None:
             labelled = alternate(steps, args.rounds, current)
         finally:
             torch.Tensor.backward, torch.nn.utils.clip_grad_norm_ = backward, clip
+        print_table(plain, labelled, parts, args.rounds * BLOCK, args.threads)  # before the profiled steps add to parts
         if args.ops:
+            print()
             print_operators(steps, args.ops)
         ours.run_dir.release()
-    print_table(plain, labelled, parts, args.rounds * BLOCK, args.threads)
 
 
 def nanogpt_step(folder: Path, cfg: Config, parts: Parts | None = None) -> Callable[[], torch.Tensor]:
@@ -131,10 +131,11 @@ def nanogpt_step(folder: Path, cfg: Config, parts: Parts | None = None) -> Calla
         model = module.GPT(module.GPTConfig(**size, vocab_size=m.vocab_size, dropout=m.dropout, bias=m.bias))
         betas = (optim.beta1, optim.beta2)
         optimizer = model.configure_optimizers(optim.weight_decay, optim.learning_rate, betas, "cpu")
-    tokens = np.memmap(Path(cfg.data.data_dir) / cfg.data.dataset / "train.bin", dtype=np.uint16, mode="r")
+    path = Path(cfg.data.data_dir) / cfg.data.dataset / "train.bin"
     B, T = cfg.data.batch_size, m.block_size
 
-    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:  # nanoGPT's, for a CPU
+    def get_batch() -> tuple[torch.Tensor, torch.Tensor]:  # nanoGPT's, for a CPU: a fresh memory map each time
+        tokens = np.memmap(path, dtype=np.uint16, mode="r")
         starts = torch.randint(len(tokens) - T, (B,))
         x = torch.stack([torch.from_numpy(tokens[i : i + T].astype(np.int64)) for i in starts])
         y = torch.stack([torch.from_numpy(tokens[i + 1 : i + 1 + T].astype(np.int64)) for i in starts])
@@ -227,6 +228,8 @@ def print_table(plain: dict, labelled: dict, parts: dict[str, Parts], steps: int
         per_step[name]["whole step"] = totals[name]
     for label in [*labels, "optimizer", "zero_grad", REST, "whole step"]:
         ours, theirs = per_step["ours"].get(label, 0.0), per_step["nanoGPT"].get(label, 0.0)
+        if label not in per_step["ours"] and label not in per_step["nanoGPT"]:
+            continue  # a module kind neither model has
         print(f"| {label} | {ours:.2f} | {theirs:.2f} | {ours - theirs:+.2f} |")
 
 

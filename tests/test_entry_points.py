@@ -351,3 +351,55 @@ def test_speedrun_bench_times_both_whole_processes_beside_a_nanogpt_left_untouch
     assert figures["wall_ratio"] == figures["nanogpt"]["median_wall_s"] / figures["ours"]["median_wall_s"]
     assert "| nanoGPT's CPU recipe |" in result.stdout and "nanoGPT / ours, whole process: " in result.stdout
     assert "ours reaches nanoGPT's val loss: no" in result.stdout
+
+
+# a stand-in for nanoGPT's model.py: its GPTConfig, GPT(config)(idx, targets) -> (logits, loss) and
+# configure_optimizers, on a model small enough to step in milliseconds
+NANOGPT_MODEL = """\
+from dataclasses import dataclass
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+@dataclass
+class GPTConfig:
+    block_size: int; vocab_size: int; n_layer: int; n_head: int; n_embd: int; dropout: float; bias: bool
+
+class MLP(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.mlp = MLP(config.n_embd)
+        print("number of parameters: (a note this stand-in prints, as nanoGPT does)")
+    def forward(self, idx, targets):
+        logits = self.mlp(self.wte(idx)) @ self.wte.weight.T
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+"""
+
+
+def test_step_profile_bench_splits_both_steps_into_their_parts(tmp_path, data_dir):
+    """bench/step_profile.py beside a stand-in model.py: the ratio line, a row per part with both
+    programs' CPU time, the MLP's forward timed in both, and nothing of nanoGPT's notes printed."""
+    fake = tmp_path / "nanoGPT"
+    for name in ("train.py", "config/train_shakespeare_char.py", "data/shakespeare_char/prepare.py"):
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text("")
+    (fake / "model.py").write_text(NANOGPT_MODEL)
+    (tmp_path / "tiny.toml").write_text(tiny_toml(tmp_path / "unused", data_dir))
+    args = ["--nanogpt", str(fake), "--config", "tiny.toml", "--rounds", "2"]
+    result = run_script("bench/step_profile.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ours / nanoGPT " in result.stdout and "number of parameters" not in result.stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:3] for line in result.stdout.splitlines() if " | " in line}
+    for part in ("data", "forward", "forward: MLP", "backward", "clipping", "optimizer", "whole step"):
+        assert all(float(ms) > 0 for ms in rows[part]), (part, result.stdout)
+    assert "forward: CausalSelfAttention" in rows  # ours has attention; the stand-in has none (0.00)
