@@ -81,16 +81,24 @@ def final_val_loss(run_dir: Path) -> float:
     return [r for r in read_metrics(run_dir / METRICS_NAME) if "val_loss" in r][-1]["val_loss"]
 
 
+def whole_process(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, str]:
+    """Run command from start to exit: its wall seconds and what it printed to stdout. A command that
+    fails ends the benchmark with the command and the last line of its stderr."""
+    start = time.perf_counter()
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise UserError(f"{' '.join(command)} failed:\n{last}")
+    return wall, result.stdout
+
+
 def train(out_dir: Path, variant: str, seed: int) -> dict:
     config, overrides = VARIANTS[variant]
     run_dir = out_dir / run_name(variant, seed)
     command = [sys.executable, "train.py", "--config", config, *overrides]
     command += [f"--train.seed={seed}", f"--train.out_dir={run_dir}", "--train.threads=1"]
-    start = time.perf_counter()
-    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if result.returncode != 0:
-        raise UserError(f"{' '.join(command)} failed:\n{result.stderr.strip().splitlines()[-1]}")
+    wall, _ = whole_process(command, ROOT)
     return dict(zip(RESULT_KEYS, (variant, seed, final_val_loss(run_dir), round(wall, 1)), strict=True))
 
 

@@ -598,6 +598,9 @@ CATALOGUE = [
     Case("bigram-table-of-one-row", "train.py", [*TRAIN, "--model.bigram_embed=1"], "model.bigram_embed=1 must be 0 (off) or at least 2 rows (one for the tokens with no previous token, the others for the pairs)"),
     Case("mtp-tokens-beyond-the-row", "train.py", [*TRAIN, "--model.mtp_tokens=32"], "model.mtp_tokens=32 must be 0 (off) or a number of extra targets below block_size=32"),
     Case("mtp-weight-out-of-range", "train.py", [*TRAIN, "--model.mtp_tokens=2", "--model.mtp_weight=0"], "model.mtp_weight=0.0 must be in (0, 1]: its own target weighs 1, later ones less"),
+    # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
+    Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
+    Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),
 ]  # fmt: skip
 
 

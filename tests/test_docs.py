@@ -63,7 +63,13 @@ TOY_OVERRIDES = {
         "--data.batch_size=1",
         "--train.compile=false",
     ],
-    "bench/budget.py": ["--rounds=2", "--block=1", "--train.eval_iters=1", "--data.batch_size=1"],
+    "bench/budget.py": [
+        "--rounds=2",
+        "--block=1",
+        "--train.eval_iters=1",
+        "--data.batch_size=1",
+        "--train.compile=false",
+    ],
     "bench/decode.py": ["--small", "--new-tokens=4", "--batch-sizes=1", "--no-compile"],
     "bench/attention.py": [
         "--block-size=64",
@@ -145,6 +151,14 @@ NOT_RUN = {
     'python bench/ablation.py --out-dir out/qs --seeds 1337 1338 1339 1340 1341 --jobs 1 --only "quickstart (all)"': ABLATION,
     "python bench/val.py out/qs/quickstart-seed1337 out/qs/quickstart-seed1338 out/qs/quickstart-seed1339 out/qs/quickstart-seed1340 out/qs/quickstart-seed1341": ABLATION_RUNS,
     "python plot.py loss out/ablation/*-seed1337 --full --out docs/ablation.png": ABLATION_RUNS,
+}
+
+NANOGPT = "needs a checkout of nanoGPT (tests/test_entry_points.py drives bench/speedrun.py with a stand-in)"
+NOT_RUN |= {
+    "python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char.toml": NANOGPT,
+    "python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char.toml --train.max_iters=400 --repeats 2 --threads 1": NANOGPT,
+    "python bench/step_profile.py --nanogpt ~/nanoGPT": NANOGPT,
+    "python bench/step_profile.py --nanogpt ~/nanoGPT --config configs/shakespeare_char_gpt2.toml --rounds 10 --ops 12": NANOGPT,
 }
 
 # The Gram form against the direct one (docs/benchmarks.md, Muon on a CPU): 80 timed runs on two

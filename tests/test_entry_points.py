@@ -12,6 +12,7 @@ import torch
 
 import sample
 from data.prepare import CORPUS_DIR
+from errors import UserError
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
@@ -296,3 +297,109 @@ def test_budget_bench_projects_both_whole_runs_and_says_whether_the_candidate_fi
     assert "within budget: no" in result.stdout
     most = int(result.stdout.split("most candidate steps within budget: ")[1].replace(",", ""))
     assert 0 < most < 20000
+
+
+# what nanoGPT's train.py prints on a CPU, cut down: evaluations, checkpoint notes and steps between them
+NANOGPT_LOG = """\
+tokens per iteration will be: 768
+found vocab_size = 65 (inside data/shakespeare_char/meta.pkl)
+step 0: train loss 4.1664, val loss 4.1617
+iter 0: loss 4.1650, time 1036.86ms, mfu -100.00%
+step 250: train loss 2.3912, val loss 2.4123
+saving checkpoint to out-shakespeare-char
+iter 250: loss 2.4233, time 1104.01ms, mfu 0.04%
+step 2000: train loss 1.7601, val loss 1.8857
+iter 2000: loss 1.7752, time 1100.30ms, mfu 0.05%
+"""
+
+
+def test_speedrun_bench_reads_the_val_loss_of_nanogpts_last_evaluation():
+    from bench.speedrun import nanogpt_val_loss
+
+    assert nanogpt_val_loss(NANOGPT_LOG) == 1.8857
+    with pytest.raises(UserError, match="printed no 'step N: train loss X, val loss Y' line; its last: iter 0"):
+        nanogpt_val_loss("iter 0: loss 4.1650, time 1036.86ms, mfu -100.00%\n")
+
+
+def test_speedrun_bench_times_both_whole_processes_beside_a_nanogpt_left_untouched(tmp_path, data_dir):
+    """bench/speedrun.py on a stand-in for nanoGPT that checks its recipe and its copied input and
+    prints nanoGPT's lines: both programs' val losses, the ratio, the JSON; the given folder unchanged."""
+    fake = tmp_path / "nanoGPT"
+    (fake / "config").mkdir(parents=True)
+    (fake / "config" / "train_shakespeare_char.py").write_text("")
+    (fake / "data" / "shakespeare_char").mkdir(parents=True)
+    (fake / "data" / "shakespeare_char" / "prepare.py").write_text(
+        "import os; assert os.path.getsize('input.txt') == 1115394; open('train.bin', 'w').close()\n"
+    )
+    (fake / "train.py").write_text(
+        "import os, sys\n"
+        "assert '--device=cpu' in sys.argv and '--max_iters=2000' in sys.argv\n"
+        "assert os.environ['OMP_NUM_THREADS'] == '1'\n"
+        "assert os.path.exists('data/shakespeare_char/train.bin')\n"
+        "os.makedirs('out-shakespeare-char', exist_ok=True)\n"
+        f"print({NANOGPT_LOG!r})\n"
+    )
+    before = sorted(p.relative_to(fake) for p in fake.rglob("*"))
+    (tmp_path / "tiny.toml").write_text(tiny_toml(tmp_path / "unused", data_dir))
+    args = ["--nanogpt", str(fake), "--config", "tiny.toml", "--repeats", "1", "--threads", "1", "--json", "s.json"]
+    result = run_script("bench/speedrun.py", *args, "--train.max_iters=2", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.relative_to(fake) for p in fake.rglob("*")) == before
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert figures["nanogpt"]["median_val_loss"] == 1.8857
+    assert figures["ours"]["median_val_loss"] > 3  # two steps of a tiny model: near ln(65)
+    assert figures["wall_ratio"] == figures["nanogpt"]["median_wall_s"] / figures["ours"]["median_wall_s"]
+    assert "| nanoGPT's CPU recipe |" in result.stdout and "nanoGPT / ours, whole process: " in result.stdout
+    assert "ours reaches nanoGPT's val loss: no" in result.stdout
+
+
+# a stand-in for nanoGPT's model.py: its GPTConfig, GPT(config)(idx, targets) -> (logits, loss) and
+# configure_optimizers, on a model small enough to step in milliseconds
+NANOGPT_MODEL = """\
+from dataclasses import dataclass
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+@dataclass
+class GPTConfig:
+    block_size: int; vocab_size: int; n_layer: int; n_head: int; n_embd: int; dropout: float; bias: bool
+
+class MLP(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.fc = nn.Linear(n, n)
+    def forward(self, x):
+        return F.gelu(self.fc(x))
+
+class GPT(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.mlp = MLP(config.n_embd)
+        print("number of parameters: (a note this stand-in prints, as nanoGPT does)")
+    def forward(self, idx, targets):
+        logits = self.mlp(self.wte(idx)) @ self.wte.weight.T
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+"""
+
+
+def test_step_profile_bench_splits_both_steps_into_their_parts(tmp_path, data_dir):
+    """bench/step_profile.py beside a stand-in model.py: the ratio line, a row per part with both
+    programs' CPU time, the MLP's forward timed in both, and nothing of nanoGPT's notes printed."""
+    fake = tmp_path / "nanoGPT"
+    for name in ("train.py", "config/train_shakespeare_char.py", "data/shakespeare_char/prepare.py"):
+        (fake / name).parent.mkdir(parents=True, exist_ok=True)
+        (fake / name).write_text("")
+    (fake / "model.py").write_text(NANOGPT_MODEL)
+    (tmp_path / "tiny.toml").write_text(tiny_toml(tmp_path / "unused", data_dir))
+    args = ["--nanogpt", str(fake), "--config", "tiny.toml", "--rounds", "2"]
+    result = run_script("bench/step_profile.py", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "ours / nanoGPT " in result.stdout and "number of parameters" not in result.stdout
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:3] for line in result.stdout.splitlines() if " | " in line}
+    for part in ("data", "forward", "forward: MLP", "backward", "clipping", "optimizer", "whole step"):
+        assert all(float(ms) > 0 for ms in rows[part]), (part, result.stdout)
+    assert "forward: CausalSelfAttention" in rows  # ours has attention; the stand-in has none (0.00)
