@@ -161,6 +161,15 @@ def test_a_run_shorter_than_its_intervals_logs_evaluates_and_saves_its_last_step
     assert torch.load(run_dir / "ckpt.pt", weights_only=True)["step"] == 3
 
 
+def test_a_run_without_the_evaluation_at_start_evaluates_only_at_its_intervals_and_resumes_so(tmp_path, data_dir):
+    run_dir = tmp_path / "run"
+    steps = dict(train__max_iters=4, train__eval_interval=2, train__eval_at_start=False)
+    Trainer(tiny_config(run_dir, data_dir, **steps)).fit()
+    assert [r["step"] for r in read_metrics(run_dir) if "val_loss" in r] == [2, 4]
+    Trainer(tiny_config(run_dir, data_dir, **steps | dict(train__max_iters=6, train__init_from="resume"))).fit()
+    assert [r["step"] for r in read_metrics(run_dir) if "val_loss" in r] == [2, 4, 6]
+
+
 def test_bits_per_byte_divide_the_loss_by_the_bytes_per_token_of_each_split(tmp_path, bpe_data_dir):
     run_dir = tmp_path / "run"
     overrides = {"data__dataset": "shakespeare", "train__max_iters": 1, "train__eval_iters": 1}

@@ -167,6 +167,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
     eval_interval: int = 2000  # steps between evaluations, and the last step; each writes a checkpoint (not step 0's)
     eval_iters: int = 200  # batches per split in each evaluation
+    eval_at_start: bool = True  # evaluate the untrained model before the first step (its loss: about ln(vocab_size))
     log_interval: int = 10  # steps between lines of metrics.jsonl; the last step is always logged
     init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k

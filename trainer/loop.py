@@ -221,7 +221,8 @@ class Trainer:
             with StopSignals(self.world, self.device, self.step, micro_batches) as stop:
                 self.stop = stop
                 # the untrained baseline (close to ln(vocab_size)), or the evaluation a stop cut short
-                if not resumed or self.run_dir.evaluation_pending(self.step):
+                baseline = not resumed and train.eval_at_start
+                if baseline or (resumed and self.run_dir.evaluation_pending(self.step)):
                     if not self._evaluate(progress.write, stop):
                         return self._stop(stop.agreed, None, None, progress)
                 throughput = Throughput(
