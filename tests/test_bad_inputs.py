@@ -581,6 +581,7 @@ CATALOGUE = [
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("normuon-beta2-beyond-range", "train.py", [*TRAIN, "--optim.optimizer=muon", "--optim.muon_normuon=true", "--optim.muon_beta2=1"], "optim.muon_beta2=1.0 must be in [0, 1)"),
 ]  # fmt: skip
 
 

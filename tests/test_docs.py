@@ -84,7 +84,7 @@ TOY_OVERRIDES = {
 }
 
 HUB = "reads from the Hugging Face hub: no network in the tests"
-ABLATION = "whole trainings of twelve variants per seed, minutes each: bench/ablation.py has no toy size"
+ABLATION = "whole trainings of every variant per seed, minutes each: bench/ablation.py has no toy size"
 ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the pattern)"
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
