@@ -15,7 +15,6 @@ import torch
 from tests.conftest import FixedBatches, capture_gradients, fixed_tokens, tiny_config
 from trainer.loop import Trainer
 
-
 RECIPES = {
     "adamw": {"optim__optimizer": "adamw"},
     "muon": {"optim__optimizer": "muon"},

@@ -75,13 +75,14 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     single = trainer.parallel.state_dicts(trainer.optimizer)[1]["state"]
     assert distributed["optimizer"].keys() == single.keys()
     for name, state in single.items():
-        assert distributed["optimizer"][name].keys() == state.keys(), name
+        gathered = distributed["optimizer"][name]
+        assert gathered.keys() == state.keys(), name
         for key, value in state.items():
-            assert distributed["optimizer"][name][key].shape == value.shape, (name, key)
-            torch.testing.assert_close(distributed["reloaded_optimizer"][name][key], distributed["optimizer"][name][key])
+            assert gathered[key].shape == value.shape, (name, key)
+            torch.testing.assert_close(distributed["reloaded_optimizer"][name][key], gathered[key])
         if "neuron_second_moment" in state:
             moment = state["neuron_second_moment"]
-            torch.testing.assert_close(distributed["optimizer"][name]["neuron_second_moment"], moment, rtol=2e-3, atol=0)
+            torch.testing.assert_close(gathered["neuron_second_moment"], moment, rtol=2e-3, atol=0)
 
 
 def test_fsdp_in_bfloat16_computes_in_bfloat16_and_reduces_float32_gradients(data_dir, tmp_path):

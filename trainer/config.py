@@ -318,7 +318,14 @@ ACTS_ONLY_WITH = {
     "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
-        for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps", "muon_ns_smallest", "muon_normuon")
+        for name in (
+            "muon_lr",
+            "muon_momentum",
+            "muon_weight_decay",
+            "muon_ns_steps",
+            "muon_ns_smallest",
+            "muon_normuon",
+        )
     },
     "optim.muon_beta2": (
         lambda cfg: _uses_muon(cfg) and cfg.optim.muon_normuon,

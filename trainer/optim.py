@@ -112,9 +112,10 @@ class CautiousAdamW(torch.optim.AdamW):
             if not group["weight_decay"] or not params:
                 continue
             beta1 = group["betas"][0]
-            moments = [
-                self.state[p]["exp_avg"].lerp(p.grad, 1 - beta1) if "exp_avg" in self.state.get(p, {}) else p.grad for p in params
-            ]
+            moments = []
+            for p in params:
+                state = self.state.get(p, {})
+                moments.append(state["exp_avg"].lerp(p.grad, 1 - beta1) if "exp_avg" in state else p.grad)
             decay_cautiously_(params, moments, group["lr"] * group["weight_decay"])
             group["weight_decay"] = 0.0
         super().step()
