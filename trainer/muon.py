@@ -257,9 +257,12 @@ class Muon(torch.optim.Muon):
                 state["neuron_second_moment"] = torch.zeros_like(mean_square)
             moments.append(state["neuron_second_moment"])
         torch._foreach_lerp_(moments, list(mean_squares.unbind(0)), 1 - self.normuon_beta2)
-        normalised = orthogonal * torch.stack(moments).clamp(min=1e-10).rsqrt()
-        norms = orthogonal.norm(dim=(-2, -1), keepdim=True)
-        return normalised * (norms / normalised.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-10))
+        inverse_rms = torch.stack(moments).clamp(min=1e-10).rsqrt()  # shaped as mean_squares
+        # the norms before and after, from the neurons' mean squares alone (each times the short side,
+        # a factor that cancels): two passes over the matrices in all, not four
+        before = mean_squares.sum(dim=(-2, -1), keepdim=True)
+        after = (mean_squares * inverse_rms.square()).sum(dim=(-2, -1), keepdim=True)
+        return orthogonal * (inverse_rms * (before / after.clamp(min=1e-20)).sqrt())
 
 
 def decay_cautiously_(params: list[Tensor], updates: list[Tensor], decay: float) -> None:
