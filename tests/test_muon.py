@@ -264,9 +264,9 @@ def test_normuon_keeps_one_running_mean_square_per_neuron_in_the_state():
 
 
 def test_cautious_decay_leaves_the_weights_its_update_shrinks_undecayed(monkeypatch):
-    """W - lr * update with lr 0.1 and decay 1: weights 1 and -2, whose updates 1 and 0 pull them
-    the same way, are decayed by 0.1 of themselves; -1 and 2, whose updates 1 and -1 already pull
-    them towards 0, are only stepped."""
+    """W - lr * update with lr 0.1 and decay 1: weights 1 and -2, whose updates 1 and 0 move them
+    towards 0 or not at all, are decayed by 0.1 of themselves; -1 and 2, whose updates 1 and -1
+    move them away from 0, are only stepped. Without the switch, every weight is decayed."""
     weights, grad = torch.tensor([[1.0, -1.0], [2.0, -2.0]]), torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
     after = plain_step(monkeypatch, [grad], weights, lr=0.1, weight_decay=1.0, cautious=True)
     torch.testing.assert_close(after, torch.tensor([[0.9 - 0.1, -1.0 - 0.1], [2.0 + 0.1, -1.8]]))

@@ -244,7 +244,7 @@ class Muon(torch.optim.Muon):
         column of a wide one, each averaging over the short side. Along the short side an
         orthogonalised matrix's vectors all have length about 1 (U V^T has orthonormal rows when
         wide, columns when tall), so there is nothing to even out; the other way their lengths differ.
-        (For the MLP both readings are the hidden neurons: rows of c_fc, columns of c_proj.) The
+        (In the MLP these are its hidden units: the rows of c_fc, the columns of c_proj.) The
         running mean needs no bias correction: every entry of a matrix carries the same factor
         1 - beta2^t, which the rescaling cancels. A wide matrix sharded by rows (FSDP2) averages its
         columns across the shards: the DTensor's mean reduces over all of them."""
@@ -268,7 +268,7 @@ class Muon(torch.optim.Muon):
 def decay_cautiously_(params: list[Tensor], updates: list[Tensor], decay: float) -> None:
     """Cautious weight decay (Chen et al., 2025, "Cautious Weight Decay"): W <- W * (1 - decay) only
     where the update (the step is W - lr * update) has W's sign or is 0, so decay and update both
-    pull that weight towards 0; elsewhere the update already shrinks |W| and decay would fight what
+    pull that weight towards 0; elsewhere the update moves it away from 0, and decay would fight what
     it learns. Multiplying the rest by exactly 1 leaves them bit for bit as they were."""
     for param, update in zip(params, updates, strict=True):
         param.mul_(torch.where(update * param >= 0, 1 - decay, 1.0))
