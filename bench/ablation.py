@@ -58,6 +58,15 @@ VARIANTS = {  # name: (config, overrides)
     "smear_gate": (QUICKSTART, ["--model.smear_gate=true"]),
     "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226"]),
     "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2"]),
+    "normuon": (QUICKSTART, ["--optim.muon_normuon=true"]),
+    # the quickstart decays AdamW's matrices (the embedding) only: this is cautious decay of those
+    "cautious_weight_decay": (QUICKSTART, ["--optim.cautious_weight_decay=true"]),
+    # Muon's matrices decayed, everywhere or cautiously
+    "muon_weight_decay=0.1": (QUICKSTART, ["--optim.muon_weight_decay=0.1"]),
+    "muon_weight_decay=0.1, cautious": (
+        QUICKSTART,
+        ["--optim.muon_weight_decay=0.1", "--optim.cautious_weight_decay=true"],
+    ),
 }
 
 

@@ -601,6 +601,7 @@ CATALOGUE = [
     # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
     Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
     Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),
+    Case("normuon-beta2-beyond-range", "train.py", [*TRAIN, "--optim.optimizer=muon", "--optim.muon_normuon=true", "--optim.muon_beta2=1"], "optim.muon_beta2=1.0 must be in [0, 1)"),
 ]  # fmt: skip
 
 

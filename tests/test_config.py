@@ -250,6 +250,17 @@ def test_settings_that_do_nothing_are_named_in_one_notice():
     )
 
 
+def test_optimizer_switches_that_do_nothing_are_named():
+    adamw = idle_keys(load_config(None, ["--optim.muon_normuon=true"]))
+    assert "optim.muon_normuon=true (only with optim.optimizer='muon')" in adamw
+    without_normuon = idle_keys(load_config(None, ["--optim.optimizer=muon", "--optim.muon_beta2=0.9"]))
+    assert "optim.muon_beta2=0.9 (only with optim.optimizer='muon' and optim.muon_normuon=true)" in without_normuon
+    no_decay = idle_keys(load_config(None, ["--optim.weight_decay=0", "--optim.cautious_weight_decay=true"]))
+    assert "optim.cautious_weight_decay=true (only with a weight decay" in no_decay
+    muon_decays = ["--optim.optimizer=muon", "--optim.weight_decay=0", "--optim.muon_weight_decay=0.1"]
+    assert idle_keys(load_config(None, [*muon_decays, "--optim.cautious_weight_decay=true"])) is None
+
+
 @pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
 def test_non_finite_numbers_are_rejected(tmp_path, text):
     with pytest.raises(ConfigError, match=rf"optim.weight_decay='{text}' on the command line is not a finite number"):

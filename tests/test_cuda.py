@@ -246,3 +246,24 @@ def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_pa
         "sample.py", "--out-dir", str(run_dir), "--max-new-tokens", "20", "--device", "cuda", "--compile"
     )
     assert sample.returncode == 0, sample.stderr
+
+
+def test_normuon_and_cautious_weight_decay_train_on_cuda_in_bfloat16_compiled(tmp_path, data_dir):
+    """Muon's CUDA setting (orthogonalised in bfloat16, the model compiled) with NorMuon and cautious
+    decay of both optimizers' weights: the loss falls, the running mean squares stay finite float32
+    on the GPU, one per neuron, and AdamW keeps its fused step."""
+    from trainer.optim import CautiousAdamW
+
+    switches = dict(optim__optimizer="muon", optim__muon_normuon=True, optim__cautious_weight_decay=True,
+                    optim__muon_weight_decay=0.1, optim__learning_rate=3e-3)  # fmt: skip
+    trainer = Trainer(tiny_config(tmp_path / "run", data_dir, train__device="cuda", train__dtype="bfloat16",
+                                  train__compile=True, train__max_iters=30, **switches))  # fmt: skip
+    muon, adamw = trainer.optimizer.optimizers
+    assert muon.ns_dtype == torch.bfloat16 and type(adamw) is CautiousAdamW and adamw.defaults["fused"]
+    before = trainer.evaluate()["val"]
+    trainer.fit()
+    assert trainer.evaluate()["val"] < before - 0.5
+    for param in muon.param_groups[0]["params"]:
+        moment = muon.state[param]["neuron_second_moment"]
+        assert moment.is_cuda and moment.dtype == torch.float32 and torch.isfinite(moment).all()
+        assert moment.numel() == max(param.shape)

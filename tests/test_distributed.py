@@ -18,6 +18,7 @@ from tests.conftest import (
     tiny_config,
     tiny_toml,
 )
+from tests.distributed_worker import RECIPES
 from trainer.loop import Trainer
 
 pytestmark = pytest.mark.slow
@@ -32,7 +33,8 @@ def torchrun(*args: str, nproc: int = 2) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize(
-    "parallelism,optimizer", [("ddp", "adamw"), ("fsdp", "adamw"), ("ddp", "muon"), ("fsdp", "muon")]
+    "parallelism,optimizer",
+    [("ddp", "adamw"), ("fsdp", "adamw"), ("ddp", "muon"), ("fsdp", "muon"), ("fsdp", "normuon+cautious")],
 )
 def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(parallelism, optimizer, data_dir, tmp_path):
     out_path = tmp_path / "after_step.pt"
@@ -55,7 +57,8 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     # iteration, so a 1e-9 change of the gradient grows: its steps agree to 1e-3 of their size,
     # not to float32 precision. (FSDP shards the matrices by rows: this also shows each is
     # orthogonalised whole, not shard by shard.)
-    muon_params = set(trainer.optimizer.optimizers[0].param_groups[0]["params"]) if optimizer == "muon" else set()
+    muon = trainer.optimizer.optimizers[0] if trainer.cfg.optim.optimizer == "muon" else None
+    muon_params = set(muon.param_groups[0]["params"]) if muon else set()
     differing = 0
     for name, grad in gradients.items():
         if trainer.model.get_parameter(name) in muon_params:
@@ -68,6 +71,19 @@ def test_one_step_on_two_processes_equals_one_process_with_twice_the_batch(paral
     assert differing <= 1e-3 * sum(g.numel() for g in gradients.values())
     for name in weights.keys() - gradients.keys():  # the tied head
         torch.testing.assert_close(distributed["model"][name], weights[name], rtol=0, atol=1e-6, msg=name)
+    # the optimizer state gathers whole (NorMuon's per-neuron statistic too, over the whole row or
+    # column), and loads back onto the shards unchanged, as a resumed run restores it
+    single = trainer.parallel.state_dicts(trainer.optimizer)[1]["state"]
+    assert distributed["optimizer"].keys() == single.keys()
+    for name, state in single.items():
+        gathered = distributed["optimizer"][name]
+        assert gathered.keys() == state.keys(), name
+        for key, value in state.items():
+            assert gathered[key].shape == value.shape, (name, key)
+            torch.testing.assert_close(distributed["reloaded_optimizer"][name][key], gathered[key])
+        if "neuron_second_moment" in state:
+            moment = state["neuron_second_moment"]
+            torch.testing.assert_close(gathered["neuron_second_moment"], moment, rtol=2e-3, atol=0)
 
 
 def test_fsdp_in_bfloat16_computes_in_bfloat16_and_reduces_float32_gradients(data_dir, tmp_path):
@@ -92,7 +108,7 @@ def one_process_step(data_dir, tmp_path, optimizer: str) -> tuple[Trainer, dict,
         data_dir,
         data__batch_size=4,
         train__gradient_accumulation_steps=2,
-        optim__optimizer=optimizer,
+        **RECIPES[optimizer],
     )
     trainer = Trainer(cfg)
     x, y = fixed_tokens(8, cfg.model.block_size, trainer.cfg.model.vocab_size)

@@ -141,7 +141,7 @@ NOT_RUN = {
     "OMP_NUM_THREADS=1 python bench/train.py ...": "the options of the command above it are to be repeated",
     "python bench/eval.py": EVAL_BENCH,
     "python bench/eval.py --repeat 1 --runs 5": EVAL_BENCH,
-    # the ablation: twelve whole quickstart-sized trainings per seed, and what reads their runs
+    # the ablation: whole quickstart-sized trainings of every variant per seed, and what reads their runs
     "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338": ABLATION,
     "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 --jobs 2": ABLATION,
     'python bench/ablation.py --out-dir out/ablation --seeds 1339 1340 1341 --only "quickstart (all)"': ABLATION,
@@ -178,6 +178,25 @@ for r in range(40):
 d, g = (statistics.median(times[f]) * 1e3 for f in (_direct_form, orthogonalise))
 print(f'direct {d:.2f} ms, chosen (Gram form for the long ones) {g:.2f} ms, ratio {g / d:.2f}')\""""
 ] = "a timing of 80 runs on two threads: tens of seconds on a CPU shared with other work"
+
+
+# NorMuon's cost (docs/benchmarks.md): 440 training steps of the quickstart's model, half a minute
+# or more on a CPU shared with other work
+NOT_RUN[
+    """python -c "
+import statistics, tempfile, time
+from trainer.config import load_config
+from trainer.loop import Trainer
+out = tempfile.mkdtemp()
+variants = [('muon', []), ('normuon', ['--optim.muon_normuon=true'])]
+runs = {name: Trainer(load_config('configs/shakespeare_char.toml', ['--train.threads=1', f'--train.out_dir={out}/{name}', *extra])) for name, extra in variants}
+times = {name: [] for name in runs}
+for r in range(220):
+    for name in sorted(runs, reverse=r % 2 == 1):
+        t = time.perf_counter(); runs[name].train_step(lr=1e-3); times[name].append(time.perf_counter() - t)
+muon, normuon = (statistics.median(times[name][20:]) * 1e3 for name in runs)
+print(f'muon {muon:.1f} ms/step, with NorMuon {normuon:.1f} ms/step, ratio {normuon / muon:.3f}')\""""
+] = "a timing of 440 quickstart training steps: half a minute or more on a CPU shared with other work"
 
 
 def code_blocks(text: str) -> list[list[str]]:

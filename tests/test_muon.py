@@ -205,3 +205,70 @@ def test_muon_state_is_laid_out_as_torchs():
 def test_muon_refuses_a_rate_scaling_it_does_not_implement():
     with pytest.raises(ValueError, match="adjust_lr_fn"):
         Muon([torch.nn.Parameter(torch.ones(4, 6))], adjust_lr_fn="match_rms_adamw")
+
+
+def plain_step(
+    monkeypatch,
+    grads: list[torch.Tensor],
+    weights: torch.Tensor | None = None,
+    lr: float = 1.0,
+    weight_decay: float = 0.0,
+    **kwargs,
+) -> torch.Tensor:
+    """The matrix after one Muon step per gradient with no momentum and the orthogonalisation left
+    out (the update is the gradient itself), from `weights` (zeros if None)."""
+    monkeypatch.setattr("trainer.muon.orthogonalise", lambda updates, coefficients, eps: updates)
+    param = torch.nn.Parameter(torch.zeros_like(grads[0]) if weights is None else weights.clone())
+    optimizer = Muon([param], lr=lr, weight_decay=weight_decay, momentum=0.0, ns_dtype=torch.float32, **kwargs)
+    for grad in grads:
+        param.grad = grad.clone()
+        optimizer.step()
+    return param.detach()
+
+
+def test_normuon_evens_out_the_rows_of_a_square_matrix_and_remembers_them(monkeypatch):
+    """Rows (3, 4) and (0, 1) have mean squares 12.5 and 0.5; with beta2 = 0.5 the running means
+    are 6.25 and 0.25, so the rows become (1.2, 1.6) and (0, 2), of norm sqrt(8), rescaled to the
+    gradient's sqrt(26). Rows (0, 1) and (2, 0) next: mean squares 0.5 and 2, running means
+    0.5 * 6.25 + 0.5 * 0.5 = 3.375 and 0.5 * 0.25 + 0.5 * 2 = 1.125."""
+    first, second = torch.tensor([[3.0, 4.0], [0.0, 1.0]]), torch.tensor([[0.0, 1.0], [2.0, 0.0]])
+    step1 = torch.tensor([[1.2, 1.6], [0.0, 2.0]]) * (26 / 8) ** 0.5
+    torch.testing.assert_close(plain_step(monkeypatch, [first], normuon_beta2=0.5), -step1)
+    evened = torch.tensor([[0.0, 1 / 3.375**0.5], [2 / 1.125**0.5, 0.0]])
+    step2 = evened * (5 / (1 / 3.375 + 4 / 1.125)) ** 0.5
+    torch.testing.assert_close(plain_step(monkeypatch, [first, second], normuon_beta2=0.5), -step1 - step2)
+
+
+@pytest.mark.parametrize("tall", [False, True], ids=["wide", "tall"])
+def test_normuon_evens_out_the_neurons_along_the_long_side(monkeypatch, tall):
+    """A wide matrix's statistic is per column: columns (1, 1), (0, 0), (2, 2) come out as
+    (a, a), (0, 0), (a, a), of the gradient's norm sqrt(10), so a = sqrt(10) / 2 (per row, the two
+    equal rows would leave it as it was). Its transpose, tall, is evened out per row, and stepped
+    sqrt(3 / 2) times as far, as Muon steps a tall matrix."""
+    grad, a = torch.tensor([[1.0, 0.0, 2.0], [1.0, 0.0, 2.0]]), 10**0.5 / 2
+    expected = torch.tensor([[a, 0.0, a], [a, 0.0, a]])
+    if tall:
+        grad, expected = grad.T, expected.T * 1.5**0.5
+    torch.testing.assert_close(plain_step(monkeypatch, [grad], normuon_beta2=0.9), -expected)
+
+
+def test_normuon_keeps_one_running_mean_square_per_neuron_in_the_state():
+    params = [torch.nn.Parameter(torch.ones(4, 6)), torch.nn.Parameter(torch.ones(6, 4))]
+    optimizer = Muon(params, ns_dtype=torch.float32, normuon_beta2=0.95)
+    for param in params:
+        param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(0))
+    optimizer.step()
+    state = optimizer.state_dict()["state"]
+    assert [tuple(state[i]["neuron_second_moment"].shape) for i in (0, 1)] == [(1, 6), (6, 1)]
+    assert set(state[0]) == {"momentum_buffer", "neuron_second_moment"}
+
+
+def test_cautious_decay_leaves_the_weights_its_update_shrinks_undecayed(monkeypatch):
+    """W - lr * update with lr 0.1 and decay 1: weights 1 and -2, whose updates 1 and 0 move them
+    towards 0 or not at all, are decayed by 0.1 of themselves; -1 and 2, whose updates 1 and -1
+    move them away from 0, are only stepped. Without the switch, every weight is decayed."""
+    weights, grad = torch.tensor([[1.0, -1.0], [2.0, -2.0]]), torch.tensor([[1.0, 1.0], [-1.0, 0.0]])
+    after = plain_step(monkeypatch, [grad], weights, lr=0.1, weight_decay=1.0, cautious=True)
+    torch.testing.assert_close(after, torch.tensor([[0.9 - 0.1, -1.0 - 0.1], [2.0 + 0.1, -1.8]]))
+    everywhere = plain_step(monkeypatch, [grad], weights, lr=0.1, weight_decay=1.0)
+    torch.testing.assert_close(everywhere, 0.9 * weights - 0.1 * grad)

@@ -9,7 +9,7 @@ from tests.test_trainer import read_metrics, train_losses
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
 from trainer.muon import fitted_coefficients
-from trainer.optim import build_optimizer, lr_at
+from trainer.optim import CautiousAdamW, build_optimizer, lr_at
 
 CPU = torch.device("cpu")
 
@@ -114,6 +114,7 @@ def test_wsd_warms_up_holds_the_peak_then_decays_linearly_to_min_lr():
             r"^optim.muon_ns_smallest=1.0 must be 0 \(torch's coefficients\) or between 0 and 1$",
         ),
         ("--optim.muon_lr=-1", r"^optim.muon_lr=-1.0 must be positive$"),
+        ("--optim.muon_beta2=1", r"^optim.muon_beta2=1.0 must be in \[0, 1\)$"),
     ],
 )
 def test_bad_optimizer_values_are_one_line_errors(override, message):
@@ -131,20 +132,27 @@ MUON_RUN = dict(optim__optimizer="muon", optim__schedule="wsd", train__max_iters
 
 
 @pytest.mark.parametrize(
-    "coefficients",
-    [{}, {"optim__muon_ns_steps": 3, "optim__muon_ns_smallest": 0.001}],
-    ids=["torchs", "fitted-as-the-quickstart"],
+    "switches",
+    [
+        {},
+        {"optim__muon_ns_steps": 3, "optim__muon_ns_smallest": 0.001},
+        {"optim__muon_normuon": True, "optim__muon_beta2": 0.9},
+        {"optim__cautious_weight_decay": True, "optim__muon_weight_decay": 0.5},
+    ],
+    ids=["torchs", "fitted-as-the-quickstart", "normuon", "cautious-weight-decay"],
 )
-def test_muon_run_trains_and_resumes_bit_exactly(tmp_path, data_dir, coefficients):
-    """Both optimizers' states are in the checkpoint: stopping at step 10 and resuming gives the
-    very same losses as an uninterrupted run."""
-    run = MUON_RUN | coefficients
+def test_muon_run_trains_and_resumes_bit_exactly(tmp_path, data_dir, switches):
+    """Both optimizers' states are in the checkpoint (NorMuon's running mean squares too): stopping
+    at step 10 and resuming gives the very same losses as an uninterrupted run."""
+    run = MUON_RUN | switches
     Trainer(tiny_config(tmp_path / "whole", data_dir, **run)).fit()
     Trainer(tiny_config(tmp_path / "split", data_dir, **run | {"train__max_iters": 10})).fit()
     checkpoint = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
     states = checkpoint["optimizer"]["state"]
     assert "momentum_buffer" in states["transformer.h.0.attn.c_attn.weight"]
     assert "exp_avg" in states["transformer.wte.weight"] and "exp_avg" in states["transformer.h.0.ln_1.weight"]
+    normuon = "neuron_second_moment" in states["transformer.h.0.attn.c_attn.weight"]
+    assert normuon == run.get("optim__muon_normuon", False)
     resumed = Trainer(tiny_config(tmp_path / "split", data_dir, **run | {"train__init_from": "resume"}))
     resumed.fit()
     losses = train_losses(tmp_path / "whole")
@@ -158,3 +166,36 @@ def test_resume_with_another_optimizer_is_a_clear_error(tmp_path, data_dir):
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
     with pytest.raises(UserError, match=r"optim.optimizer='muon' but the run in .* was trained with 'adamw'"):
         Trainer(tiny_config(run_dir, data_dir, train__init_from="resume", optim__optimizer="muon"))
+
+
+def test_cautious_weight_decay_builds_cautious_optimizers_and_leaves_the_default_alone():
+    model = tiny_model()
+    muon, adamw = build_optimizer(model, OptimConfig(optimizer="muon", cautious_weight_decay=True), CPU)
+    assert muon.cautious and type(adamw) is CautiousAdamW and adamw.defaults["fused"]
+    muon, adamw = build_optimizer(model, OptimConfig(optimizer="muon"), CPU)
+    assert not muon.cautious and muon.normuon_beta2 is None and type(adamw) is torch.optim.AdamW
+    muon, _ = build_optimizer(model, OptimConfig(optimizer="muon", muon_normuon=True, muon_beta2=0.8), CPU)
+    assert muon.normuon_beta2 == 0.8
+
+
+def test_cautious_adamw_decays_only_where_its_update_has_the_weights_sign():
+    """AdamW's first update is g / |g| (eps aside): +1 or -1. Weights 1, -1, 1, -1 with gradients
+    1, -1, -1, 1: the first two are decayed (1 - 0.1 * 0.5 = 0.95 of themselves) and stepped,
+    the last two only stepped. A second gradient of the other sign, too small to turn the first
+    moment, keeps the same mask: it reads the update, not the gradient, so each weight then follows
+    torch's AdamW with (first two) or without (last two) weight decay."""
+    weights, grads = torch.tensor([[1.0, -1.0, 1.0, -1.0]]), torch.tensor([[1.0, -1.0, -1.0, 1.0]])
+
+    def run(optimizer_class, weight_decay: float, steps: int) -> torch.Tensor:
+        param = torch.nn.Parameter(weights.clone())
+        optimizer = optimizer_class([param], lr=0.1, weight_decay=weight_decay, fused=True)
+        for grad in [grads, -0.01 * grads][:steps]:
+            param.grad = grad.clone()
+            optimizer.step()
+        return param.detach()
+
+    one_step = torch.tensor([[0.95 - 0.1, -0.95 + 0.1, 1 + 0.1, -1 - 0.1]])
+    torch.testing.assert_close(run(CautiousAdamW, 0.5, 1), one_step)
+    cautious = run(CautiousAdamW, 0.5, 2)
+    torch.testing.assert_close(cautious[:, :2], run(torch.optim.AdamW, 0.5, 2)[:, :2], rtol=0, atol=1e-7)
+    torch.testing.assert_close(cautious[:, 2:], run(torch.optim.AdamW, 0.0, 2)[:, 2:], rtol=0, atol=1e-7)

@@ -85,6 +85,9 @@ class OptimConfig:
     muon_weight_decay: float = 0.0  # muon: decoupled weight decay on the matrices Muon updates
     muon_ns_steps: int = 5  # muon: Newton-Schulz iterations that orthogonalise each update
     muon_ns_smallest: float = 0.0  # muon: 0 = torch's quintic, else one fitted per iteration from this singular value
+    muon_normuon: bool = False  # muon: NorMuon: even out the update's RMS across neurons (rows, or columns if wider)
+    muon_beta2: float = 0.95  # muon_normuon: decay rate of each neuron's running mean square, in [0, 1)
+    cautious_weight_decay: bool = False  # decay (AdamW's and Muon's) only where the update has the weight's sign
 
     def __post_init__(self):
         _check_choice(self, "optimizer", OPTIMIZERS)
@@ -102,7 +105,7 @@ class OptimConfig:
         _check_range(self, "lr_decay_iters", 0, MAX_STEPS, "steps")
         if self.weight_decay < 0:
             raise ValueError(f"weight_decay={self.weight_decay} must be 0 or more")
-        for name in ("beta1", "beta2", "muon_momentum"):
+        for name in ("beta1", "beta2", "muon_momentum", "muon_beta2"):
             if not 0 <= getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be in [0, 1)")
         if self.muon_lr <= 0:
@@ -351,9 +354,24 @@ ACTS_ONLY_WITH = {
     "optim.cooldown_frac": (lambda cfg: cfg.optim.schedule == "wsd", "optim.schedule='wsd'"),
     **{
         f"optim.{name}": (_uses_muon, "optim.optimizer='muon'")
-        for name in ("muon_lr", "muon_momentum", "muon_weight_decay", "muon_ns_steps", "muon_ns_smallest")
+        for name in (
+            "muon_lr",
+            "muon_momentum",
+            "muon_weight_decay",
+            "muon_ns_steps",
+            "muon_ns_smallest",
+            "muon_normuon",
+        )
     },
     "train.batch_size_lr_power": (lambda cfg: bool(cfg.train.batch_size_schedule), "train.batch_size_schedule"),
+    "optim.muon_beta2": (
+        lambda cfg: _uses_muon(cfg) and cfg.optim.muon_normuon,
+        "optim.optimizer='muon' and optim.muon_normuon=true",
+    ),
+    "optim.cautious_weight_decay": (
+        lambda cfg: cfg.optim.weight_decay > 0 or (_uses_muon(cfg) and cfg.optim.muon_weight_decay > 0),
+        "a weight decay: optim.weight_decay, or optim.muon_weight_decay with optim.optimizer='muon'",
+    ),
     **{
         f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")
         for name in ("project", "run_name", "mode")

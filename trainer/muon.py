@@ -17,6 +17,9 @@ same), and only changes how the orthogonalisation is computed:
 - optionally with coefficients of its own for each iteration (`fitted_coefficients`), where torch
   uses one quintic for every iteration.
 
+Two further rules, each off unless asked for (`normuon_beta2`, `cautious`), change the step itself;
+see `_normalise_neurons` and `decay_cautiously_`.
+
 A step of torch's Muon, per matrix W with gradient G and momentum buffer B:
     B <- momentum * B + (1 - momentum) * G
     U <- (1 - momentum) * G + momentum * B  (Nesterov; B alone without)
@@ -159,16 +162,31 @@ class Muon(torch.optim.Muon):
     """torch.optim.Muon whose orthogonalisation runs in ns_dtype, batched over same-shaped matrices
     (see the module's docstring). ns_smallest: 0 for torch's ns_coefficients at every iteration, or
     the smallest singular value that `fitted_coefficients` fits each iteration's coefficients to.
-    Only adjust_lr_fn=None ("original" scaling) is supported."""
+    normuon_beta2: None, or NorMuon's decay rate of the running mean of squares per neuron
+    (`_normalise_neurons`). cautious: decay a weight only where the update has its sign
+    (`decay_cautiously_`). Only adjust_lr_fn=None ("original" scaling) is supported."""
 
-    def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, ns_smallest: float = 0.0, **kwargs):
+    def __init__(
+        self,
+        params,
+        *,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        ns_smallest: float = 0.0,
+        normuon_beta2: float | None = None,
+        cautious: bool = False,
+        **kwargs,
+    ):
         super().__init__(params, **kwargs)
         if any(group["adjust_lr_fn"] not in (None, "original") for group in self.param_groups):
             raise ValueError("this Muon scales the rate the original way only (adjust_lr_fn=None)")
         if not 0 <= ns_smallest < 1:
             raise ValueError(f"ns_smallest={ns_smallest} must be 0 (torch's coefficients) or between 0 and 1")
+        if normuon_beta2 is not None and not 0 <= normuon_beta2 < 1:
+            raise ValueError(f"normuon_beta2={normuon_beta2} must be in [0, 1)")
         self.ns_dtype = ns_dtype
         self.ns_smallest = ns_smallest
+        self.normuon_beta2 = normuon_beta2
+        self.cautious = cautious
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -205,8 +223,52 @@ class Muon(torch.optim.Muon):
         # _foreach_lerp on FSDP's sharded tensors (DTensor), only for the in-place one above
         updates = [g.lerp(b, momentum) for g, b in zip(grads, buffers, strict=True)] if group["nesterov"] else buffers
         stacked = torch.stack(updates).to(self.ns_dtype)
-        orthogonal = orthogonalise(stacked, coefficients, group["eps"])
-        if group["weight_decay"]:
+        orthogonal = orthogonalise(stacked, coefficients, group["eps"]).to(params[0].dtype)
+        if self.normuon_beta2 is not None:
+            orthogonal = self._normalise_neurons(params, orthogonal)
+        steps = list(orthogonal.unbind(0))
+        if group["weight_decay"] and self.cautious:
+            decay_cautiously_(params, steps, lr * group["weight_decay"])
+        elif group["weight_decay"]:
             torch._foreach_mul_(params, 1 - lr * group["weight_decay"])
         scaled_lr = lr * math.sqrt(max(1, shape[0] / shape[1]))
-        torch._foreach_add_(params, list(orthogonal.to(params[0].dtype).unbind(0)), alpha=-scaled_lr)
+        torch._foreach_add_(params, steps, alpha=-scaled_lr)
+
+    def _normalise_neurons(self, params: list[Tensor], orthogonal: Tensor) -> Tensor:
+        """NorMuon (Li et al., 2025, "NorMuon: Making Muon more efficient and scalable"): each neuron's
+        slice of the orthogonalised updates (n, rows, cols) divided by the root of a running mean
+        (decay rate normuon_beta2) of its mean square, then every matrix rescaled to the Frobenius
+        norm it had, so the learning rate keeps its meaning and only the shares between neurons move.
+
+        The neurons lie along the long side: one statistic per row of a tall or square matrix, per
+        column of a wide one, each averaging over the short side. Along the short side an
+        orthogonalised matrix's vectors all have length about 1 (U V^T has orthonormal rows when
+        wide, columns when tall), so there is nothing to even out; the other way their lengths differ.
+        (In the MLP these are its hidden units: the rows of c_fc, the columns of c_proj.) The
+        running mean needs no bias correction: every entry of a matrix carries the same factor
+        1 - beta2^t, which the rescaling cancels. A wide matrix sharded by rows (FSDP2) averages its
+        columns across the shards: the DTensor's mean reduces over all of them."""
+        across = -1 if orthogonal.size(-2) >= orthogonal.size(-1) else -2  # the short side
+        mean_squares = orthogonal.square().mean(dim=across, keepdim=True)  # (n, rows, 1) or (n, 1, cols)
+        moments = []
+        for param, mean_square in zip(params, mean_squares.unbind(0), strict=True):
+            state = self.state[param]
+            if "neuron_second_moment" not in state:
+                state["neuron_second_moment"] = torch.zeros_like(mean_square)
+            moments.append(state["neuron_second_moment"])
+        torch._foreach_lerp_(moments, list(mean_squares.unbind(0)), 1 - self.normuon_beta2)
+        inverse_rms = torch.stack(moments).clamp(min=1e-10).rsqrt()  # shaped as mean_squares
+        # the norms before and after, from the neurons' mean squares alone (each times the short side,
+        # a factor that cancels): two passes over the matrices in all, not four
+        before = mean_squares.sum(dim=(-2, -1), keepdim=True)
+        after = (mean_squares * inverse_rms.square()).sum(dim=(-2, -1), keepdim=True)
+        return orthogonal * (inverse_rms * (before / after.clamp(min=1e-20)).sqrt())
+
+
+def decay_cautiously_(params: list[Tensor], updates: list[Tensor], decay: float) -> None:
+    """Cautious weight decay (Chen et al., 2025, "Cautious Weight Decay"): W <- W * (1 - decay) only
+    where the update (the step is W - lr * update) has W's sign or is 0, so decay and update both
+    pull that weight towards 0; elsewhere the update moves it away from 0, and decay would fight what
+    it learns. Multiplying the rest by exactly 1 leaves them bit for bit as they were."""
+    for param, update in zip(params, updates, strict=True):
+        param.mul_(torch.where(update * param >= 0, 1 - decay, 1.0))

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 
 from trainer.config import OptimConfig
-from trainer.muon import Muon
+from trainer.muon import Muon, decay_cautiously_
 
 
 class Optimizers:
@@ -55,7 +55,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     linear maps but not a lookup table or a vector.
 
     AdamW puts weight decay on 2-D+ parameters (Linear weights, embeddings) only: biases and norm
-    gains only shift or scale and gain nothing from being pulled toward zero."""
+    gains only shift or scale and gain nothing from being pulled toward zero. With
+    optim.cautious_weight_decay, both optimizers decay a weight only where its update has its sign
+    (`decay_cautiously_`)."""
     params = [p for p in model.parameters() if p.requires_grad]
     parts = []
     if cfg.optimizer == "muon":
@@ -71,13 +73,15 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
             momentum=cfg.muon_momentum,
             ns_steps=cfg.muon_ns_steps,
             ns_smallest=cfg.muon_ns_smallest,
+            normuon_beta2=cfg.muon_beta2 if cfg.muon_normuon else None,
+            cautious=cfg.cautious_weight_decay,
         )
         parts.append((muon, cfg.muon_lr / cfg.learning_rate))
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    adamw = torch.optim.AdamW(
+    adamw = (CautiousAdamW if cfg.cautious_weight_decay else torch.optim.AdamW)(
         groups,
         lr=cfg.learning_rate,
         betas=(cfg.beta1, cfg.beta2),
@@ -87,6 +91,36 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, device: torch.device) ->
     )
     parts.append((adamw, 1.0))
     return Optimizers(parts)
+
+
+class CautiousAdamW(torch.optim.AdamW):
+    """AdamW with cautious weight decay (`decay_cautiously_`): each group's weight_decay is applied
+    here, where the update has the weight's sign, and torch's (fused) step runs with none. Decay
+    comes first, as in torch's AdamW, whose update does not read the weight.
+
+    AdamW's update is its new first moment divided by a positive denominator, so it has that
+    moment's sign: exp_avg moved towards the gradient by 1 - beta1 (the gradient's own sign at the
+    first step, where exp_avg starts from 0). The mask is known before the step, and the param
+    groups keep their weight_decay, so a checkpoint reads like plain AdamW's."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None, "the trainer computes its gradients before stepping"
+        decays = [group["weight_decay"] for group in self.param_groups]
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not group["weight_decay"] or not params:
+                continue
+            beta1 = group["betas"][0]
+            moments = []
+            for p in params:
+                state = self.state.get(p, {})
+                moments.append(state["exp_avg"].lerp(p.grad, 1 - beta1) if "exp_avg" in state else p.grad)
+            decay_cautiously_(params, moments, group["lr"] * group["weight_decay"])
+            group["weight_decay"] = 0.0
+        super().step()
+        for group, decay in zip(self.param_groups, decays, strict=True):
+            group["weight_decay"] = decay
 
 
 def lr_at(step: int, cfg: OptimConfig) -> float:
