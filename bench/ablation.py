@@ -1,5 +1,7 @@
-"""What each modern switch buys at the quickstart's budget: GPT-2's recipe, then each change added
-to it alone, then the full quickstart recipe; val loss and wall time over several seeds.
+"""What each switch buys at the quickstart's budget: GPT-2's recipe, then each modern change added
+to it alone, then the full quickstart recipe, then each of modded-nanogpt's switches added alone to
+the quickstart, for the steps that fit the quickstart's wall time; val loss and wall time over
+several seeds.
 
     python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 1339 --jobs 2
     python plot.py loss out/ablation/*-seed1337 --out docs/ablation.png
@@ -33,6 +35,7 @@ from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 BASE = "configs/shakespeare_char_gpt2.toml"
 QUICKSTART = "configs/shakespeare_char.toml"
+BASE_OF = {BASE: "gpt2", QUICKSTART: "quickstart (all)"}  # the variant each config's variants compare with
 RESULT_KEYS = ("variant", "seed", "val_loss", "wall_s")  # a line of results.jsonl: one finished run
 VARIANTS = {  # name: (config, overrides)
     "gpt2": (BASE, []),
@@ -47,25 +50,30 @@ VARIANTS = {  # name: (config, overrides)
     "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
     "muon": (BASE, ["--optim.optimizer=muon"]),
     "quickstart (all)": (QUICKSTART, []),
+    # modded-nanogpt's switches, each alone on top of the quickstart, for the steps that fit the
+    # quickstart's wall time: 1825 / the step-time ratio that `bench/budget.py --reference
+    # configs/shakespeare_char.toml --candidate configs/shakespeare_char.toml --budget 1.0 --rounds 6
+    # OVERRIDES` measured on cpu-2 (its noise: about +-1.5%); the schedules make steps cheaper early
+    # and keep the quickstart's steps
     "block_size_schedule=32:0.3": (QUICKSTART, ["--train.block_size_schedule=32:0.3"]),
     "batch_size_schedule=8:0.5": (QUICKSTART, ["--train.batch_size_schedule=8:0.5"]),
     # modded-nanogpt's residual-stream switches, each on top of the quickstart
-    "value_embeds=1": (QUICKSTART, ["--model.value_embeds=1"]),
-    "unet_skips": (QUICKSTART, ["--model.unet_skips=true"]),
-    "backout": (QUICKSTART, ["--model.backout=true"]),
-    "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true"]),
+    "value_embeds=1": (QUICKSTART, ["--model.value_embeds=1", "--train.max_iters=1788"]),
+    "unet_skips": (QUICKSTART, ["--model.unet_skips=true", "--train.max_iters=1735"]),
+    "backout": (QUICKSTART, ["--model.backout=true", "--train.max_iters=1840"]),
+    "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true", "--train.max_iters=1808"]),
     # the neighbouring-token switches, each on top of the quickstart
-    "smear_gate": (QUICKSTART, ["--model.smear_gate=true"]),
-    "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226"]),
-    "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2"]),
-    "normuon": (QUICKSTART, ["--optim.muon_normuon=true"]),
+    "smear_gate": (QUICKSTART, ["--model.smear_gate=true", "--train.max_iters=1804"]),
+    "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226", "--train.max_iters=1785"]),
+    "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2", "--train.max_iters=1790"]),
+    "normuon": (QUICKSTART, ["--optim.muon_normuon=true", "--train.max_iters=1833"]),
     # the quickstart decays AdamW's matrices (the embedding) only: this is cautious decay of those
-    "cautious_weight_decay": (QUICKSTART, ["--optim.cautious_weight_decay=true"]),
+    "cautious_weight_decay": (QUICKSTART, ["--optim.cautious_weight_decay=true", "--train.max_iters=1810"]),
     # Muon's matrices decayed, everywhere or cautiously
-    "muon_weight_decay=0.1": (QUICKSTART, ["--optim.muon_weight_decay=0.1"]),
+    "muon_weight_decay=0.1": (QUICKSTART, ["--optim.muon_weight_decay=0.1", "--train.max_iters=1821"]),
     "muon_weight_decay=0.1, cautious": (
         QUICKSTART,
-        ["--optim.muon_weight_decay=0.1", "--optim.cautious_weight_decay=true"],
+        ["--optim.muon_weight_decay=0.1", "--optim.cautious_weight_decay=true", "--train.max_iters=1730"],
     ),
 }
 
@@ -121,22 +129,26 @@ def is_results_file(path: Path) -> bool:
 
 
 def table(results: list[dict]) -> list[str]:
+    """One row per variant: its mean val loss and wall time, each against its base's (gpt2 for the
+    switches added to GPT-2's recipe, the quickstart for those added to it)."""
     by_variant = {v: [r for r in results if r["variant"] == v] for v in VARIANTS}
     by_variant = {v: rs for v, rs in by_variant.items() if rs}
-    base = by_variant.get("gpt2")
-    base_loss = statistics.mean(r["val_loss"] for r in base) if base else None
-    base_wall = statistics.mean(r["wall_s"] for r in base) if base else None
+    means = {
+        v: (statistics.mean(r["val_loss"] for r in rs), statistics.mean(r["wall_s"] for r in rs))
+        for v, rs in by_variant.items()
+    }
     lines = [
-        "| variant | seeds | val loss (mean) | spread (max - min) | vs gpt2 | wall time (mean) | vs gpt2 |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| variant | seeds | val loss (mean) | spread (max - min) | base | vs base | wall time (mean) | vs base |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for variant, runs in by_variant.items():
         losses = [r["val_loss"] for r in runs]
-        loss, wall = statistics.mean(losses), statistics.mean(r["wall_s"] for r in runs)
-        vs_loss = f"{loss - base_loss:+.4f}" if base_loss is not None else "-"
-        vs_wall = f"{wall / base_wall:.2f}x" if base_wall else "-"
+        (loss, wall), base = means[variant], BASE_OF[VARIANTS[variant][0]]
+        vs_loss, vs_wall = "-", "-"
+        if base in means and base != variant:
+            vs_loss, vs_wall = f"{loss - means[base][0]:+.4f}", f"{wall / means[base][1]:.2f}x"
         lines.append(
-            f"| {variant} | {len(runs)} | {loss:.4f} | {max(losses) - min(losses):.4f} | {vs_loss} "
+            f"| {variant} | {len(runs)} | {loss:.4f} | {max(losses) - min(losses):.4f} | {base} | {vs_loss} "
             f"| {wall:.0f} s | {vs_wall} |"
         )
     return lines
