@@ -14,8 +14,9 @@ Builds the run exactly as train.py does (same config tree, overrides as --sectio
 times --steps optimizer steps after --warmup untimed ones (compilation, allocator), one evaluation
 and one checkpoint. Start-up runs from this script's first line (imports included) to the moment
 the first step could start. The second table projects a whole run of the config from these parts
-(train.max_iters steps, an evaluation at step 0 and every train.eval_interval steps, a checkpoint
-after each but the first), so it shows where train.py's time would go. Nothing is kept: the run
+(train.max_iters steps, an evaluation at step 0 unless train.eval_at_start is off and every
+train.eval_interval steps, a checkpoint after each but the first), so it shows where train.py's
+time would go. Nothing is kept: the run
 directory is a temporary one. MFU uses the same FLOPs-per-token count and GPU peak table as
 metrics.jsonl (trainer/metrics.py). --batch-sizes tries each micro-batch size (data.batch_size), largest
 first, with one uncompiled step, and times the largest whose step fits in the device's memory (an
@@ -181,13 +182,14 @@ def run_parts(
     train: TrainConfig, startup: float, step_seconds: float, evaluation_seconds: float, checkpoint_seconds: float
 ) -> list[tuple[str, int, float]]:
     """The parts of a whole run of train.max_iters steps: (name, count, seconds each)."""
-    # as Trainer.fit does: the baseline at step 0, then every eval_interval steps and at the last step,
-    # each of these followed by a checkpoint
+    # as Trainer.fit does: the baseline at step 0 (unless eval_at_start is off), then every eval_interval
+    # steps and at the last step, each of these followed by a checkpoint
     checkpoints = train.max_iters // train.eval_interval + (train.max_iters % train.eval_interval != 0)
+    evaluations = checkpoints + train.eval_at_start
     return [
         ("start-up (imports, data, model; to the first step)", 1, startup),
         ("optimizer steps", train.max_iters, step_seconds),
-        (f"evaluations ({train.eval_iters} batches per split)", checkpoints + 1, evaluation_seconds),
+        (f"evaluations ({train.eval_iters} batches per split)", evaluations, evaluation_seconds),
         ("checkpoints", checkpoints, checkpoint_seconds),
     ]
 

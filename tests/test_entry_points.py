@@ -16,7 +16,7 @@ from errors import UserError
 from model import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
-from trainer.config import config_to_toml
+from trainer.config import TrainConfig, config_to_toml
 from trainer.loading import load_model
 from trainer.loop import Trainer
 
@@ -403,3 +403,12 @@ def test_step_profile_bench_splits_both_steps_into_their_parts(tmp_path, data_di
     for part in ("data", "forward", "forward: MLP", "backward", "clipping", "optimizer", "whole step"):
         assert all(float(ms) > 0 for ms in rows[part]), (part, result.stdout)
     assert "forward: CausalSelfAttention" in rows  # ours has attention; the stand-in has none (0.00)
+
+
+@pytest.mark.parametrize("at_start, evaluations", [(True, 3), (False, 2)])
+def test_train_bench_projects_the_evaluation_at_start_only_where_the_run_does_one(at_start, evaluations):
+    from bench.train import run_parts
+
+    train = TrainConfig(max_iters=130, eval_interval=100, eval_at_start=at_start)
+    parts = {name.split(" (")[0]: count for name, count, _ in run_parts(train, 2.0, 0.05, 0.3, 0.01)}
+    assert (parts["evaluations"], parts["checkpoints"], parts["optimizer steps"]) == (evaluations, 2, 130)
