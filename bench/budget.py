@@ -14,9 +14,8 @@ of each are timed every fifth round, in the same alternation. From the medians e
 projected (start-up, train.max_iters steps, an evaluation at step 0 unless eval_at_start is off,
 every eval_interval steps and at the end, a checkpoint after each but the first, as bench/train.py
 does), and the table gives the candidate's cost over the reference's and the most steps the
-candidate could take within --budget
-of the reference's run (with the evaluation and checkpoint that steps past an evaluation point
-bring). Start-up (imports, data) is the same for both and taken from the reference.
+candidate could take within --budget of the reference's run (with the evaluation and checkpoint
+that steps past an evaluation point bring). Start-up (imports, data) is the same for both and taken from the reference.
 """
 
 import time
