@@ -427,7 +427,7 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
 
     def keep_input(layer: int):
         def hook(module, args):
-            inputs[layer] = args  # (x after ln_1, mask, cache, rotate)
+            inputs[layer] = args  # (x after ln_1, mask, cache, rotate, value embedding)
 
         return hook
 
@@ -438,7 +438,7 @@ def attention_maps(model: GPT, ids: list[int]) -> torch.Tensor:
         model(idx, prefix=prefix)
         weights = []
         for i, block in enumerate(model.transformer.h):
-            x, mask, _, rotate = inputs[i]
+            x, mask, _, rotate = inputs[i][:4]  # the weights read no value embedding
             weights.append(block.attn.weights(x, mask, rotate)[0])
     for handle in handles:
         handle.remove()
