@@ -232,7 +232,8 @@ def test_settings_that_do_nothing_are_named_in_one_notice():
     note = idle_keys(load_config(str(PROJECT_ROOT / "configs" / "shakespeare_char.toml"), [*switched, *extra]))
     assert note.startswith("these settings do nothing in this run: ") and "\n" not in note
     for fragment in [
-        "optim.muon_lr=0.015, optim.muon_ns_steps=3, optim.muon_ns_smallest=0.001 (only with optim.optimizer='muon')",
+        "optim.muon_lr=0.015, optim.muon_ns_steps=3, optim.muon_ns_smallest=0.001, optim.muon_normuon=true (only with "
+        "optim.optimizer='muon')",
         "optim.cooldown_frac=0.5 (only with optim.schedule='wsd')",
         "model.rope_base=500000.0 (only with model.pos_emb='rope')",
         "model.attn_sinks=4 (only with a model.attn_window below block_size",
