@@ -195,7 +195,7 @@ class CausalSelfAttention(nn.Module):
     ) -> torch.Tensor:
         """The attention weights this layer gives x (B, T, C) without a cache: (B, H, T, T).
         rotate: as for forward."""
-        q, k, _ = self.heads(x, rotate)
+        q, k = self.heads(x, rotate, torch.zeros(()))[:2]  # the weights read no values, nor a value embedding
         return attention_weights(q, k, mask)
 
 

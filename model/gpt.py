@@ -411,11 +411,12 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. A tied token embedding counts once (it is also the output layer);
         non_embedding leaves out the tables that do no matrix multiply: the position embedding, the
-        value embeddings, and the token embedding when the head is untied."""
+        value embeddings, the bigram table, and the token embedding when the head is untied."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= sum(p.numel() for p in self.transformer.wpe.parameters())
             n -= sum(table.weight.numel() for table in getattr(self.value_embeds, "tables", ()))
+            n -= sum(part.weight.numel() for part in getattr(self.embed, "parts", ()) if isinstance(part, BigramTable))
             if not self.config.tie_embeddings:
                 n -= self.transformer.wte.weight.numel()
         return n

@@ -9,18 +9,18 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
 from model import GPT, GPTConfig, left_pad
-from model.families import family_for, gguf_family_for
-from tests.conftest import tiny_config
+from model.families import FAMILY_BY_TYPE, family_for, gguf_family_for
+from tests.conftest import tiny_config, tiny_model
 from tests.test_kv_cache import decode_with_cache
 from tests.test_masks import EOT
 from tests.test_optim import CPU, one_step, owners
 from tests.test_trainer import train_losses
 from tests.test_variants import learns_a_batch
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.config import OptimConfig, idle_keys, load_config
+from trainer.config import OptimConfig, build_config, idle_keys, load_config
 from trainer.loop import Trainer
 from trainer.optim import build_optimizer
-from trainer.pretrained import export_model, grow_vocabulary
+from trainer.pretrained import Pretrained, export_model, grow_vocabulary, with_pretrained_shape
 
 VOCAB = 50
 BLOCK = 32
@@ -313,3 +313,22 @@ def test_switches_that_do_nothing_in_a_run_are_named_in_the_note():
     note = idle_keys(load_config(None, ["--model.zero_init_proj=true", "--train.init_from=gpt2"]))
     assert "model.zero_init_proj=true (only with train.init_from='scratch'" in note
     assert idle_keys(load_config(None, ["--model.zero_init_proj=true", "--train.init_from=resume"])) is None
+
+
+@pytest.mark.parametrize("switch", [{"value_embeds": 1}, {"unet_skips": True}, {"backout": True}], ids=str)
+def test_fine_tuning_a_folder_refuses_a_residual_switch_it_does_not_compute(switch, tmp_path):
+    key, value = next(iter(switch.items()))
+    cfg = build_config({"model": switch, "train": {"init_from": str(tmp_path)}})
+    gpt2 = GPTConfig(n_layer=2, n_head=2, n_embd=64, block_size=1024, vocab_size=50257)
+    folder = Pretrained(FAMILY_BY_TYPE["gpt2"], gpt2, {}, tmp_path)
+    with pytest.raises(UserError, match=rf"holds a gpt2 model with model\.{key}=.* but the run sets model\.{key}="):
+        with_pretrained_shape(cfg, folder, {"tokenizer": "gpt2"})
+
+
+def test_attention_maps_of_a_model_with_value_embeddings_are_its_attention_weights():
+    model = tiny_model(VOCAB, BLOCK, value_embeds=1)
+    ids = torch.randint(0, VOCAB, (1, 12), generator=torch.Generator().manual_seed(3))
+    block = model.transformer.h[0]
+    weights = block.attn.weights(block.ln_1(model.transformer.wte(ids)))  # (B, H, T, T)
+    assert weights.shape == (1, 2, 12, 12)
+    assert torch.allclose(weights.sum(-1), torch.ones(1, 2, 12)) and (weights.triu(1) == 0).all()

@@ -262,3 +262,9 @@ def test_config_counts_the_parameters_of_each_switch(switches):
 def test_mtp_weight_without_mtp_tokens_is_named_as_idle():
     cfg = load_config(None, ["--model.mtp_weight=0.3"])
     assert "model.mtp_weight=0.3 (only with model.mtp_tokens above 0)" in idle_keys(cfg)
+
+
+def test_the_bigram_table_is_no_compute_parameter_as_a_lookup_table():
+    plain, with_table = tiny_model(VOCAB, BLOCK), tiny_model(VOCAB, BLOCK, bigram_embed=101)
+    assert with_table.num_params() == plain.num_params()
+    assert with_table.num_params(non_embedding=False) == plain.num_params(non_embedding=False) + 101 * 32

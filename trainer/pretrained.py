@@ -27,7 +27,10 @@ EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", GENER
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
 # switches that make a model compute something else: a run that sets one differently from the folder is refused
-KEPT_SWITCHES = ("pos_emb", "norm", "qk_norm", "mlp", "tie_embeddings", "logit_softcap", "smear_gate", "bigram_embed")
+KEPT_SWITCHES = (
+    "pos_emb", "norm", "qk_norm", "mlp", "tie_embeddings", "logit_softcap", "smear_gate", "bigram_embed",
+    "value_embeds", "unet_skips", "backout",
+)  # fmt: skip
 # what the folder decides of the model's shape, whatever the run's config says
 FOLDER_SHAPE = (
     "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "rope_base", "bias",
