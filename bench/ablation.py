@@ -35,7 +35,8 @@ from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
 BASE = "configs/shakespeare_char_gpt2.toml"
 QUICKSTART = "configs/shakespeare_char.toml"
-BASE_OF = {BASE: "gpt2", QUICKSTART: "quickstart (all)"}  # the variant each config's variants compare with
+# the quickstart as it was when modded-nanogpt's switches were measured on it, their common base
+BEFORE_NORMUON = ["--optim.muon_normuon=false", "--train.max_iters=1825"]
 RESULT_KEYS = ("variant", "seed", "val_loss", "wall_s")  # a line of results.jsonl: one finished run
 VARIANTS = {  # name: (config, overrides)
     "gpt2": (BASE, []),
@@ -50,30 +51,39 @@ VARIANTS = {  # name: (config, overrides)
     "wsd schedule": (BASE, ["--optim.schedule=wsd"]),
     "muon": (BASE, ["--optim.optimizer=muon"]),
     "quickstart (all)": (QUICKSTART, []),
-    # modded-nanogpt's switches, each alone on top of the quickstart, for the steps that fit the
-    # quickstart's wall time: 1825 / the step-time ratio that `bench/budget.py --reference
+    "quickstart before NorMuon": (QUICKSTART, BEFORE_NORMUON),
+    # modded-nanogpt's switches, each alone on top of the quickstart before NorMuon (1825 steps), for
+    # the steps that fit its wall time: 1825 / the step-time ratio that `bench/budget.py --reference
     # configs/shakespeare_char.toml --candidate configs/shakespeare_char.toml --budget 1.0 --rounds 6
-    # OVERRIDES` measured on cpu-2 (its noise: about +-1.5%); the schedules make steps cheaper early
-    # and keep the quickstart's steps
-    "block_size_schedule=32:0.3": (QUICKSTART, ["--train.block_size_schedule=32:0.3"]),
-    "batch_size_schedule=8:0.5": (QUICKSTART, ["--train.batch_size_schedule=8:0.5"]),
+    # OVERRIDES` measured on cpu-2 then (its noise: about +-1.5%); the schedules make steps cheaper
+    # early and keep the 1825 steps
+    "block_size_schedule=32:0.3": (QUICKSTART, [*BEFORE_NORMUON, "--train.block_size_schedule=32:0.3"]),
+    "batch_size_schedule=8:0.5": (QUICKSTART, [*BEFORE_NORMUON, "--train.batch_size_schedule=8:0.5"]),
     # modded-nanogpt's residual-stream switches, each on top of the quickstart
-    "value_embeds=1": (QUICKSTART, ["--model.value_embeds=1", "--train.max_iters=1788"]),
-    "unet_skips": (QUICKSTART, ["--model.unet_skips=true", "--train.max_iters=1735"]),
-    "backout": (QUICKSTART, ["--model.backout=true", "--train.max_iters=1840"]),
-    "zero_init_proj": (QUICKSTART, ["--model.zero_init_proj=true", "--train.max_iters=1808"]),
+    "value_embeds=1": (QUICKSTART, [*BEFORE_NORMUON, "--model.value_embeds=1", "--train.max_iters=1788"]),
+    "unet_skips": (QUICKSTART, [*BEFORE_NORMUON, "--model.unet_skips=true", "--train.max_iters=1735"]),
+    "backout": (QUICKSTART, [*BEFORE_NORMUON, "--model.backout=true", "--train.max_iters=1840"]),
+    "zero_init_proj": (QUICKSTART, [*BEFORE_NORMUON, "--model.zero_init_proj=true", "--train.max_iters=1808"]),
     # the neighbouring-token switches, each on top of the quickstart
-    "smear_gate": (QUICKSTART, ["--model.smear_gate=true", "--train.max_iters=1804"]),
-    "bigram_embed=4226 (exact)": (QUICKSTART, ["--model.bigram_embed=4226", "--train.max_iters=1785"]),
-    "mtp_tokens=2": (QUICKSTART, ["--model.mtp_tokens=2", "--train.max_iters=1790"]),
-    "normuon": (QUICKSTART, ["--optim.muon_normuon=true", "--train.max_iters=1833"]),
+    "smear_gate": (QUICKSTART, [*BEFORE_NORMUON, "--model.smear_gate=true", "--train.max_iters=1804"]),
+    "bigram_embed=4226 (exact)": (QUICKSTART, [*BEFORE_NORMUON, "--model.bigram_embed=4226", "--train.max_iters=1785"]),
+    "mtp_tokens=2": (QUICKSTART, [*BEFORE_NORMUON, "--model.mtp_tokens=2", "--train.max_iters=1790"]),
+    "normuon": (QUICKSTART, [*BEFORE_NORMUON, "--optim.muon_normuon=true", "--train.max_iters=1833"]),
     # the quickstart decays AdamW's matrices (the embedding) only: this is cautious decay of those
-    "cautious_weight_decay": (QUICKSTART, ["--optim.cautious_weight_decay=true", "--train.max_iters=1810"]),
+    "cautious_weight_decay": (
+        QUICKSTART,
+        [*BEFORE_NORMUON, "--optim.cautious_weight_decay=true", "--train.max_iters=1810"],
+    ),
     # Muon's matrices decayed, everywhere or cautiously
-    "muon_weight_decay=0.1": (QUICKSTART, ["--optim.muon_weight_decay=0.1", "--train.max_iters=1821"]),
+    "muon_weight_decay=0.1": (QUICKSTART, [*BEFORE_NORMUON, "--optim.muon_weight_decay=0.1", "--train.max_iters=1821"]),
     "muon_weight_decay=0.1, cautious": (
         QUICKSTART,
-        ["--optim.muon_weight_decay=0.1", "--optim.cautious_weight_decay=true", "--train.max_iters=1730"],
+        [
+            *BEFORE_NORMUON,
+            "--optim.muon_weight_decay=0.1",
+            "--optim.cautious_weight_decay=true",
+            "--train.max_iters=1730",
+        ],
     ),
 }
 
@@ -128,9 +138,17 @@ def is_results_file(path: Path) -> bool:
     return all(isinstance(record, dict) and set(RESULT_KEYS) <= set(record) for record in records)
 
 
+def base_of(variant: str) -> str:
+    """The variant a variant is compared with: GPT-2's recipe for the switches added to it, the
+    quickstart before NorMuon for modded-nanogpt's switches, which were measured on it."""
+    config, overrides = VARIANTS[variant]
+    if config == BASE:
+        return "gpt2"
+    return "quickstart before NorMuon" if overrides[: len(BEFORE_NORMUON)] == BEFORE_NORMUON else "quickstart (all)"
+
+
 def table(results: list[dict]) -> list[str]:
-    """One row per variant: its mean val loss and wall time, each against its base's (gpt2 for the
-    switches added to GPT-2's recipe, the quickstart for those added to it)."""
+    """One row per variant: its mean val loss and wall time, each against its base's (base_of)."""
     by_variant = {v: [r for r in results if r["variant"] == v] for v in VARIANTS}
     by_variant = {v: rs for v, rs in by_variant.items() if rs}
     means = {
@@ -143,7 +161,7 @@ def table(results: list[dict]) -> list[str]:
     ]
     for variant, runs in by_variant.items():
         losses = [r["val_loss"] for r in runs]
-        (loss, wall), base = means[variant], BASE_OF[VARIANTS[variant][0]]
+        (loss, wall), base = means[variant], base_of(variant)
         vs_loss, vs_wall = "-", "-"
         if base in means and base != variant:
             vs_loss, vs_wall = f"{loss - means[base][0]:+.4f}", f"{wall / means[base][1]:.2f}x"

@@ -151,7 +151,7 @@ NOT_RUN = {
     'python bench/ablation.py --out-dir out/qs --seeds 1337 1338 1339 1340 1341 --jobs 1 --only "quickstart (all)"': ABLATION,
     "python bench/val.py out/qs/quickstart-seed1337 out/qs/quickstart-seed1338 out/qs/quickstart-seed1339 out/qs/quickstart-seed1340 out/qs/quickstart-seed1341": ABLATION_RUNS,
     "python plot.py loss out/ablation/*-seed1337 --full --out docs/ablation.png": ABLATION_RUNS,
-    'python bench/ablation.py --out-dir out/ablation-speedrun --seeds 1337 1338 --jobs 2 --only "quickstart (all)" "block_size_schedule=32:0.3" "batch_size_schedule=8:0.5" "value_embeds=1" "unet_skips" "backout" "zero_init_proj" "smear_gate" "bigram_embed=4226 (exact)" "mtp_tokens=2" "normuon" "cautious_weight_decay" "muon_weight_decay=0.1" "muon_weight_decay=0.1, cautious"': ABLATION,
+    'python bench/ablation.py --out-dir out/ablation-speedrun --seeds 1337 1338 --jobs 2 --only "quickstart before NorMuon" "block_size_schedule=32:0.3" "batch_size_schedule=8:0.5" "value_embeds=1" "unet_skips" "backout" "zero_init_proj" "smear_gate" "bigram_embed=4226 (exact)" "mtp_tokens=2" "normuon" "cautious_weight_decay" "muon_weight_decay=0.1" "muon_weight_decay=0.1, cautious"': ABLATION,
     "python bench/val.py out/ablation-speedrun/*-seed133[78]": ABLATION_RUNS,
     "python plot.py loss out/ablation-speedrun/*-seed1337 --ylim 1.4 2.3 --out docs/ablation-speedrun.png": ABLATION_RUNS,
 }

@@ -412,3 +412,14 @@ def test_train_bench_projects_the_evaluation_at_start_only_where_the_run_does_on
     train = TrainConfig(max_iters=130, eval_interval=100, eval_at_start=at_start)
     parts = {name.split(" (")[0]: count for name, count, _ in run_parts(train, 2.0, 0.05, 0.3, 0.01)}
     assert (parts["evaluations"], parts["checkpoints"], parts["optimizer steps"]) == (evaluations, 2, 130)
+
+
+def test_ablation_compares_each_variant_with_the_recipe_it_was_added_to():
+    from bench.ablation import base_of, table
+
+    assert base_of("rope") == "gpt2" and base_of("quickstart (all)") == "quickstart (all)"
+    assert base_of("normuon") == base_of("block_size_schedule=32:0.3") == "quickstart before NorMuon"
+    runs = [("gpt2", 1.8), ("rope", 1.7), ("quickstart before NorMuon", 1.6), ("normuon", 1.58)]
+    rows = table([{"variant": v, "seed": 1, "val_loss": loss, "wall_s": 100.0} for v, loss in runs])
+    assert "| rope | 1 | 1.7000 | 0.0000 | gpt2 | -0.1000 |" in rows[3]
+    assert "| normuon | 1 | 1.5800 | 0.0000 | quickstart before NorMuon | -0.0200 |" in rows[5]
