@@ -517,8 +517,8 @@ class Trainer:
         )
         if self.threads_chosen is not None:
             self._print(self.threads_chosen)
-        if describe(cfg) is not None:
-            self._print(describe(cfg))
+        if (shapes := describe(cfg)) is not None:
+            self._print(shapes)
         for note in (idle_keys(cfg), unfinished_schedule(cfg)):
             if note is not None:
                 self._print(f"note: {note}")
