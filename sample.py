@@ -57,7 +57,6 @@ from errors import ArgumentParser, UserError, run_cli
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.chat import chat_in_terminal, check_chat_options
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run
-from trainer.gguf import write_gguf
 from trainer.loading import RUNS_ROOT, load_model
 from trainer.lora import export_run_adapter
 from trainer.pretrained import check_export_folder, export_model
@@ -261,6 +260,8 @@ def unescape(text: str) -> str:
 def main() -> None:
     args = parse_args()
     if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
+        from trainer.gguf import write_gguf  # here: sampling needs no gguf package (the GPU image has none)
+
         write_gguf(
             Path(args.export_gguf),
             args.dtype,

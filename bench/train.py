@@ -12,17 +12,18 @@ is known.
 
 Builds the run exactly as train.py does (same config tree, overrides as --section.key=value), then
 times --steps optimizer steps after --warmup untimed ones (compilation, allocator), one evaluation
-and one checkpoint. Start-up runs from this script's first line (imports included) to the moment
-the first step could start. The second table projects a whole run of the config from these parts
-(train.max_iters steps, an evaluation at step 0 unless train.eval_at_start is off and every
-train.eval_interval steps, a checkpoint after each but the first), so it shows where train.py's
-time would go. Nothing is kept: the run
-directory is a temporary one. MFU uses the same FLOPs-per-token count and GPU peak table as
-metrics.jsonl (trainer/metrics.py). --batch-sizes tries each micro-batch size (data.batch_size), largest
-first, with one uncompiled step, and times the largest whose step fits in the device's memory (an
-uncompiled step holds more than a compiled one, so the compiled run fits too). --json PATH also writes
-the figures as one JSON object (bench/gpu.py reads it). --profile N prints the N operators that took the most device
-(or CPU) time in one more step, from torch.profiler, to show what a step is made of.
+(after an untimed one when compiled) and one checkpoint. Start-up runs from this script's first line
+(imports included) to the moment the first step could start. The second table projects a whole run
+of the config from these parts (train.max_iters steps, an evaluation at step 0 unless
+train.eval_at_start is off and every train.eval_interval steps, a checkpoint after each but the
+first), so it shows where train.py's time would go. Nothing is kept: the run directory is a
+temporary one. MFU uses the same FLOPs-per-token count and GPU peak table as metrics.jsonl
+(trainer/metrics.py). --batch-sizes tries each micro-batch size (data.batch_size), largest first,
+with one uncompiled step, and times the largest whose step fits in the device's memory (an
+uncompiled step holds more than a compiled one, so the compiled run fits too). --json PATH also
+writes the figures as one JSON object (bench/gpu.py reads it). --profile N prints the N operators
+that took the most device (or CPU) time in one more step, from torch.profiler, to show what a step
+is made of.
 """
 
 import time
@@ -72,6 +73,8 @@ def main() -> None:
             loss = trainer.train_step(cfg.optim.learning_rate)
         loss.item()  # waits for the device to finish the last step
         step_seconds = (time.perf_counter() - start) / args.steps
+        if cfg.train.compile:
+            trainer.evaluate()  # compiles the model's eval-mode graph: train.py's first evaluation pays that once
         evaluation_seconds = timed(trainer.evaluate)  # returns floats: the device has finished
         trainer.run_dir.path.mkdir(parents=True, exist_ok=True)
         checkpoint_seconds = timed(trainer.save)

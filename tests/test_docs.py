@@ -123,9 +123,10 @@ NOT_RUN = {
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
     "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py --config ...": "two machines of 8 GPUs; HOST and the config are to be filled in",
     "python bench/gpu.py --out gpu-report": GPU,
-    'python bench/gpu.py --out "$OUT" --parts environment tests baby_gpt': GPU,
-    'python bench/gpu.py --out "$OUT" --parts baby_gpt_modern gpt2_124m flex': GPU,
-    'python bench/gpu.py --out "$OUT" --parts decode torchrun': GPU,
+    'python bench/gpu.py --out "$OUT/a" --parts tests environment gpt2_124m flex': GPU,
+    'python bench/gpu.py --out "$OUT/b" --parts decode baby_gpt torchrun': GPU,
+    'python bench/gpu.py --out "$OUT/r1" --parts environment gpt2_124m flex decode baby_gpt --budget-scale 0.76': GPU,
+    'python bench/gpu.py --out "$OUT/r2" --parts torchrun': GPU,
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
     # a synopsis, or a template with parts to fill in

@@ -1,6 +1,6 @@
 """bench/gpu.py, the one command that checks and measures the CUDA path, must run the first time a
-GPU is there: its smoke run (every part at toy sizes on the CPU) is run here, on a Python where
-`datasets` and `wandb` cannot be imported, as on the GPU image."""
+GPU is there: its smoke run (every part at toy sizes on the CPU) is run here, on a Python where the
+packages the GPU image lacks cannot be imported (as there: it has no package registry)."""
 
 import json
 import os
@@ -9,33 +9,38 @@ import sys
 import time
 
 import pytest
+import torch
 
-from bench.gpu import PARTS, run_part, wait_or_stop
+from bench.attention import tiles_computed
+from bench.gpu import PARTS, parts_in_order, run_part, wait_or_stop
+from model.attention import flex_block_mask
+from model.masks import prefix_lm, sliding_window
 from tests.conftest import PROJECT_ROOT
 
-BLOCK_OPTIONAL = "import sys\nfor name in ('datasets', 'wandb'):\n    sys.modules[name] = None  # import fails\n"
+MISSING_ON_GPU_IMAGE = ("datasets", "wandb", "gguf", "lm_eval")  # dependencies, or test extras, it does not hold
+BLOCK_MISSING = f"import sys\nfor name in {MISSING_ON_GPU_IMAGE}:\n    sys.modules[name] = None  # import fails\n"
 
 
 @pytest.fixture
-def without_datasets_and_wandb(tmp_path) -> dict:
-    """An environment whose Pythons (and their subprocesses) cannot import datasets or wandb."""
+def as_on_the_gpu_image(tmp_path) -> dict:
+    """An environment whose Pythons (and their subprocesses) cannot import what the GPU image lacks."""
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCK_OPTIONAL)
+    (site / "sitecustomize.py").write_text(BLOCK_MISSING)
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])}
-    for name in ("datasets", "wandb"):
+    for name in MISSING_ON_GPU_IMAGE:
         check = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, capture_output=True, text=True)
         assert check.returncode != 0 and "ModuleNotFoundError" in check.stderr, f"{name} is still importable"
     return env
 
 
 @pytest.mark.slow
-def test_smoke_run_of_every_part_needs_neither_datasets_nor_wandb(tmp_path, without_datasets_and_wandb):
+def test_smoke_run_of_every_part_needs_only_what_the_gpu_image_holds(tmp_path, as_on_the_gpu_image):
     out = tmp_path / "report"
     result = subprocess.run(
         [sys.executable, "bench/gpu.py", "--smoke", "--out", str(out)],
         cwd=PROJECT_ROOT,
-        env=without_datasets_and_wandb,
+        env=as_on_the_gpu_image,
         capture_output=True,
         text=True,
         timeout=600,
@@ -85,3 +90,19 @@ def test_process_that_ignores_sigterm_is_killed_after_the_grace():
     assert wait_or_stop(process, 0.2, grace=0.5) is None
     assert time.monotonic() - start < 5
     assert process.returncode == -9
+
+
+def test_window_of_512_at_4096_computes_150_of_causal_attentions_528_tiles():
+    """What FlexAttention can skip bounds the window's gain: 3.52x here, not T / window / 2 = 4x."""
+    window = flex_block_mask(sliding_window(512), None, 4096, torch.device("cpu"))
+    assert tiles_computed(None, 4096) == 32 * 33 / 2 == 528
+    assert tiles_computed(window, 4096) == 4 * 5 / 2 + 28 * 5 == 150  # the first rows reach back less far
+    rows = flex_block_mask(prefix_lm(torch.tensor([0, 4096])), 2, 4096, torch.device("cpu"))  # causal; all
+    assert tiles_computed(rows, 4096) == (528 + 32 * 32) / 2  # per row and head
+    assert tiles_computed(torch.ones(1, 1, 4096, 4096, dtype=torch.bool), 4096) is None  # SDPA computes them all
+
+
+def test_parts_run_in_the_order_given_each_once():
+    """A short lease runs the parts that matter most first: the order given, not the script's."""
+    names = ["tests", "decode", "environment", "tests"]
+    assert [part.name for part in parts_in_order(names)] == ["tests", "decode", "environment"]

@@ -17,7 +17,6 @@ from tests.test_pattern_decoding import decode_with_cache, tokens
 from tests.test_trainer import read_metrics, train_losses
 from tests.test_variants import test_each_variant_learns_a_batch as learns_a_batch
 from trainer.config import idle_keys, load_config
-from trainer.gguf import export_gguf
 from trainer.loop import Trainer
 from trainer.optim import build_optimizer
 from trainer.pretrained import export_model
@@ -238,6 +237,7 @@ def test_export_refuses_a_model_that_reads_the_previous_token_by_its_key(switche
     key = next(iter(switches))
     with pytest.raises(UserError, match=rf"^--export cannot write this model: model\.{key}="):
         export_model(model, GPT2Tokenizer(), tmp_path / "export")
+    export_gguf = pytest.importorskip("trainer.gguf", reason="needs the gguf package").export_gguf
     with pytest.raises(UserError, match=rf"^--export-gguf cannot write this model: model\.{key}="):
         export_gguf(model, GPT2Tokenizer(), tmp_path / "model.gguf", "float32", source=tmp_path)
     assert not any(tmp_path.iterdir())
