@@ -260,7 +260,7 @@ def unescape(text: str) -> str:
 def main() -> None:
     args = parse_args()
     if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
-        from trainer.gguf import write_gguf  # here: sampling needs no gguf package (the GPU image has none)
+        from trainer.gguf import write_gguf  # here: sampling needs no gguf package (a bare CUDA image has none)
 
         write_gguf(
             Path(args.export_gguf),

@@ -132,11 +132,15 @@ class PartRun:
         Returns its exit status, its seconds, and whether done() stopped it."""
         start = time.monotonic()
         process = self.start(argv)
-        while process.poll() is None and time.monotonic() < self.deadline - GRACE_SECONDS:
-            if done():
-                return wait_or_stop(process, 0), time.monotonic() - start, True
-            time.sleep(0.5)
-        return wait_or_stop(process, max(self.remaining() - GRACE_SECONDS, 1)), time.monotonic() - start, False
+        try:
+            while process.poll() is None and time.monotonic() < self.deadline - GRACE_SECONDS:
+                if done():
+                    return wait_or_stop(process, 0), time.monotonic() - start, True
+                time.sleep(0.5)
+            return wait_or_stop(process, max(self.remaining() - GRACE_SECONDS, 1)), time.monotonic() - start, False
+        finally:  # done() may raise: the command must not outlive the part, holding the GPU
+            if process.poll() is None:
+                wait_or_stop(process, 0)
 
 
 def wait_or_stop(
@@ -367,7 +371,9 @@ def torchrun(run: PartRun) -> None:
         step_seconds[parallelism] = speed["step_seconds"]
         value = f"{1000 * step_seconds[parallelism]:.1f} ms"
         if parallelism != "single" and "single" in step_seconds:
-            value += f" ({step_seconds[parallelism] / step_seconds['single']:.2f}x the plain run's)"
+            single = step_seconds["single"]
+            extra = step_seconds[parallelism] - single  # the wrapper's own work in each step
+            value += f" ({step_seconds[parallelism] / single:.2f}x the plain run's, {1000 * extra:+.1f} ms)"
         goal = "" if parallelism == "single" else "about 1.00x (one process: nothing to exchange)"
         run.record(f"baby GPT step, {name}", value, goal, run.shown(argv))
 
@@ -442,13 +448,13 @@ PARTS = [
     Part(
         "baby_gpt",
         150,
-        "configs/shakespeare_char_gpu.toml, a whole run",
+        "configs/shakespeare_char_gpu.toml, until its val loss reaches nanoGPT's",
         functools.partial(baby_gpt, config="configs/shakespeare_char_gpu.toml"),
     ),  # fmt: skip
     Part(
         "baby_gpt_modern",
         150,
-        "configs/shakespeare_char_gpu_modern.toml, a whole run",
+        "configs/shakespeare_char_gpu_modern.toml, until its val loss reaches nanoGPT's",
         functools.partial(baby_gpt, config="configs/shakespeare_char_gpu_modern.toml"),
     ),  # fmt: skip
     Part("gpt2_124m", 150, "GPT-2 124M, T=1024, bf16, compiled, the largest micro-batch that fits", gpt2_124m),
@@ -477,6 +483,10 @@ def run_part(name: str, budget: float, scratch: Path, smoke: bool, log, grace: f
     except subprocess.TimeoutExpired:  # the part's own limits failed: stop it and everything it started
         stop_group(process, grace)
         status = None
+    try:  # what the part left running (a command it failed to stop) would hold the GPU in the next parts
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     seconds = time.monotonic() - start
     figures = json.loads(result_path.read_text()) if result_path.exists() else []
     state = "ok" if status == 0 else failed(status, seconds)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")  # a dependency, yet missing on the GPU image, which runs the rest
+gguf = pytest.importorskip("gguf")  # a dependency, yet missing on CUDA images that run the other tests
 
 from data.chat import chat_tokenizer  # noqa: E402
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
