@@ -32,8 +32,7 @@ from trainer.pretrained import export_model
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py, sample.py, data/prepare.py, plot.py or a bench/ script
-    script: str  # the entry point: train.py, sample.py, eval.py or data/prepare.py
+    script: str  # the entry point: train.py, sample.py, eval.py, data/prepare.py, plot.py or a bench/ script
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
