@@ -23,7 +23,8 @@ weight products (4 per block and the output layer), and nothing else, --new-toke
 table, an estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth
 of a sum over a 1 GiB buffer (far larger than the caches). Well-tuned products can read faster than
 that sum does, so compare with the products-only row too. --json PATH also writes the rows and
-the estimate as JSON.
+the estimate as JSON, rewritten after each row (`complete` false until the estimate is in), so a
+run stopped early leaves the rows it timed.
 """
 
 import argparse
@@ -126,6 +127,8 @@ def main() -> None:
             seconds = time_call(run, device, args.repeats)
             rows.append((name, batch_size, cache, mode, products, seconds))
             print(f"  {name}, batch {batch_size}, cache {cache}, {mode}, {products}: {seconds:.2f} s", file=sys.stderr)
+            if args.json:
+                write_json(args.json, dict(new_tokens=new_tokens, rows=json_rows(rows, new_tokens), complete=False))
     print_table(rows, new_tokens)
     tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table, if any
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - tables
@@ -136,10 +139,13 @@ def main() -> None:
         f"{bandwidth / 1e9:.1f} GB/s that a sum reads = {bound_ms:.1f} ms/token, {1000 / bound_ms:.1f} tokens/s."
     )
     if args.json:
-        columns = ("implementation", "batch", "cache", "mode", "products", "seconds")
-        records = [dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1]) for row in rows]
         estimate = dict(weight_bytes=weight_bytes, read_bytes_per_sec=bandwidth, bound_tokens_per_sec=1000 / bound_ms)
-        write_json(args.json, dict(new_tokens=new_tokens, rows=records) | estimate)
+        write_json(args.json, dict(new_tokens=new_tokens, rows=json_rows(rows, new_tokens), complete=True) | estimate)
+
+
+def json_rows(rows: list[tuple], new_tokens: int) -> list[dict]:
+    columns = ("implementation", "batch", "cache", "mode", "products", "seconds")
+    return [dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1]) for row in rows]
 
 
 def configurations(

@@ -107,3 +107,27 @@ def test_parts_run_in_the_order_given_each_once():
     """A short rental of a GPU runs the parts that matter most first: the order given, not the script's."""
     names = ["tests", "decode", "environment", "tests"]
     assert [part.name for part in parts_in_order(names)] == ["tests", "decode", "environment"]
+
+
+def test_decoding_benchmark_stopped_early_leaves_the_rows_it_timed(tmp_path, monkeypatch):
+    """bench/gpu.py stops a part at its time limit: the decoding rows timed before it still count."""
+    import bench.decode
+
+    timed = []
+
+    def time_call(run, device, repeats):
+        if len(timed) == 2:
+            raise KeyboardInterrupt  # as the part's deadline would stop the script
+        timed.append(run)
+        return 0.5
+
+    result = tmp_path / "decode.json"
+    argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", f"--json={result}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(bench.decode, "time_call", time_call)
+    with pytest.raises(KeyboardInterrupt):
+        bench.decode.main()
+    written = json.loads(result.read_text())
+    assert written["complete"] is False
+    assert [row["implementation"] for row in written["rows"]] == ["transformers generate", "ours"]
+    assert [row["tokens_per_sec"] for row in written["rows"]] == [4 / 0.5, 4 / 0.5]
