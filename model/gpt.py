@@ -709,17 +709,25 @@ class MultiTokenLoss(NextTokenLoss):
         super().__init__()
         self.tokens = tokens
         self.weight = weight
-        self.register_buffer("weights", self.weights_at(0.0), persistent=False)  # (1 + tokens,)
+        # where training stands, on the model's device: set each step by a fill, without a host-to-device copy
+        self.register_buffer("progress", torch.zeros(()), persistent=False)
 
-    def weights_at(self, progress: float) -> torch.Tensor:
+    def weights_at(self, progress: float | torch.Tensor) -> torch.Tensor:
         """(1 + tokens,) the weight of each target, its own first, when training is `progress` done."""
+        progress = torch.as_tensor(progress, dtype=torch.float32)
         parts = self.tokens + 1
+        k = torch.arange(1, parts, device=progress.device)  # the later targets
         # the k-th later target's weight falls from 1 to 0 in part tokens - k (counted from 0)
-        fading = [min(max(parts - k - progress * parts, 0.0), 1.0) for k in range(1, parts)]
-        return torch.tensor([1.0] + [self.weight**k * fade for k, fade in enumerate(fading, start=1)])
+        fading = (parts - k - progress * parts).clamp(0.0, 1.0)
+        return torch.cat([torch.ones(1, device=progress.device), self.weight**k * fading])
+
+    @property
+    def weights(self) -> torch.Tensor:
+        """(1 + tokens,) the weights at the progress last set."""
+        return self.weights_at(self.progress)
 
     def set_progress(self, progress: float) -> None:
-        self.weights.copy_(self.weights_at(progress))
+        self.progress.fill_(progress)
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         if not self.training:
