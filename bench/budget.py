@@ -8,14 +8,15 @@ timed in alternating blocks in one process, so that both see the same machine.
 Timing two whole runs one after the other is what a user sees, but on a machine whose speed drifts
 (a shared virtual machine: the same run took 112 to 148 s within the hour here) two such runs
 differ by as much as a 10% budget. Here both runs are built as train.py builds them, then blocks of
---block optimizer steps of each are timed in turn, ABBA, for --rounds rounds; each run's step time is
-the median of its blocks, so a slow phase of the machine slows both. An evaluation and a checkpoint
-of each are timed every fifth round, in the same alternation. From the medians each whole run is
-projected (start-up, train.max_iters steps, an evaluation at step 0 unless eval_at_start is off,
-every eval_interval steps and at the end, a checkpoint after each but the first, as bench/train.py
-does), and the table gives the candidate's cost over the reference's and the most steps the
-candidate could take within --budget of the reference's run (with the evaluation and checkpoint
-that steps past an evaluation point bring). Start-up (imports, data) is the same for both and taken from the reference.
+--block optimizer steps of each are timed in turn, ABBA, for --rounds rounds; each run's step time
+is the median of its blocks, so a slow phase of the machine slows both. An evaluation and a
+checkpoint of each are timed every fifth round, in the same alternation. From the medians each whole
+run is projected (start-up, train.max_iters steps, an evaluation at step 0 unless eval_at_start is
+off, every eval_interval steps and at the end, a checkpoint after each but the first, as
+bench/train.py does), and the table gives the candidate's cost over the reference's and the most
+steps the candidate could take within --budget of the reference's run (with the evaluation and
+checkpoint that steps past an evaluation point bring). Start-up (imports, data) is the same for both
+and taken from the reference.
 """
 
 import time
