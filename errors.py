@@ -106,7 +106,8 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sys.exit) -> NoReturn:
     """Run an entry point and end the process with exit(status): main's own status (None is 0), or
-    for a UserError or a file system error one line on stderr and status 2, for Ctrl-C status 130."""
+    for a UserError, a file system error or a third-party package that is not installed one line on
+    stderr and status 2, for Ctrl-C status 130."""
     try:
         status = main() or 0
     except UserError as e:
@@ -119,10 +120,37 @@ def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sy
         # renamed into place, so nothing is left half-written, and the user gets the one line.
         print(f"error: {_file_system_message(e)}", file=sys.stderr)
         status = 2
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").partition(".")[0]
+        if not missing or missing in PROJECT_MODULES:  # a module of this project's own: a bug, so the traceback
+            raise
+        print(f"error: {_missing_package_message(missing)}", file=sys.stderr)
+        status = 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         status = 130
     exit(status)
+
+
+# the top-level modules of this checkout: one of them missing is a bug, not an installation to mend
+PROJECT_MODULES = ("bench", "data", "errors", "eval", "model", "plot", "sample", "tests", "train", "trainer")
+# third-party modules whose package has another name, and those that come with one of pyproject.toml's
+# optional extras rather than with the dependencies
+PIP_NAMES = {"lm_eval": "lm-eval", "llama_cpp": "llama-cpp-python"}
+EXTRAS = {"lm_eval": "eval", "accelerate": "eval", "llama_cpp": "llama", "transformers": "test", "peft": "test"}
+
+
+def _missing_package_message(module: str) -> str:
+    """What to install when an import that only some commands make fails (gguf for --export-gguf,
+    datasets for preparing a hub dataset, wandb for logging to it): the package, and the one command
+    that installs it with the rest."""
+    package = PIP_NAMES.get(module, module)
+    extra = EXTRAS.get(module)
+    project = f'pip install -e ".[{extra}]"' if extra else "pip install -e ."
+    return (
+        f"this needs the Python package {package}, which is not installed here: "
+        f"pip install {package} (or {project} in the checkout)"
+    )
 
 
 def _file_system_message(e: OSError) -> str:

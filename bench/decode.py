@@ -9,7 +9,8 @@ is built first and its weights are loaded into ours. Both decode greedily for ex
 tokens from the same random prompts, with the same torch thread count and dtype, in one process. A
 row's time covers the whole call, prompt encoding included; tokens/s counts new tokens over all rows,
 ms/token is the time per decoding step. Each configuration runs once untimed (for warm-up and
-compilation) and then --repeats times; the table gives the fastest run.
+compilation) and then --repeats times; the table gives the fastest run, and the progress lines and
+--json the first call's time too (for the compiled row, how long its compilation makes one wait).
 
 On a CPU our sampler runs as sample.py runs it: with its linear layers packed for oneDNN
 (model/packed_linear.py). The same sampler with plain nn.Linear layers (as under --compile) is
@@ -88,24 +89,29 @@ def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple
     return ours, packed, reference
 
 
-def time_call(run, device: torch.device, repeats: int) -> float:
-    run()  # warm-up: allocator, kernels, compilation
-    best = float("inf")
+def time_call(run, device: torch.device, repeats: int) -> tuple[float, float]:
+    """The fastest of repeats calls, after an untimed first one (allocator, kernels, compilation),
+    and how long that first call took."""
+    first, best = timed(run, device), float("inf")
     for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        run()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+        best = min(best, timed(run, device))
+    return best, first
+
+
+def timed(run, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    run()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
 
 
 def read_bandwidth(device: torch.device, small: bool) -> float:
     """Bytes per second that a sum over a 1 GiB buffer (64 MiB with --small) reads (fastest of 5)."""
     buffer = torch.ones(2**24 if small else 2**28, device=device)
-    return buffer.numel() * buffer.element_size() / time_call(buffer.sum, device, repeats=5)
+    return buffer.numel() * buffer.element_size() / time_call(buffer.sum, device, repeats=5)[0]
 
 
 def main() -> None:
@@ -119,16 +125,23 @@ def main() -> None:
         f"prompt {args.prompt_len} tokens, {new_tokens} new tokens",
         file=sys.stderr,
     )
-    rows = []
+    rows, firsts = [], []  # each row's figures, and its first call's seconds (a compiled row's compilation)
     for batch_size in args.batch_sizes:
         prompt = torch.randint(0, 50257, (batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1))
         runs = configurations(ours, packed, reference, prompt.to(device), new_tokens, args.no_compile)
         for name, cache, mode, products, run in runs:
-            seconds = time_call(run, device, args.repeats)
+            seconds, first = time_call(run, device, args.repeats)
             rows.append((name, batch_size, cache, mode, products, seconds))
-            print(f"  {name}, batch {batch_size}, cache {cache}, {mode}, {products}: {seconds:.2f} s", file=sys.stderr)
+            firsts.append(first)
+            print(
+                f"  {name}, batch {batch_size}, cache {cache}, {mode}, {products}: {seconds:.2f} s "
+                f"(the untimed first call: {first:.2f} s)",
+                file=sys.stderr,
+            )
             if args.json:
-                write_json(args.json, dict(new_tokens=new_tokens, rows=json_rows(rows, new_tokens), complete=False))
+                write_json(
+                    args.json, dict(new_tokens=new_tokens, rows=json_rows(rows, firsts, new_tokens), complete=False)
+                )
     print_table(rows, new_tokens)
     tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table, if any
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - tables
@@ -140,12 +153,16 @@ def main() -> None:
     )
     if args.json:
         estimate = dict(weight_bytes=weight_bytes, read_bytes_per_sec=bandwidth, bound_tokens_per_sec=1000 / bound_ms)
-        write_json(args.json, dict(new_tokens=new_tokens, rows=json_rows(rows, new_tokens), complete=True) | estimate)
+        rows_json = json_rows(rows, firsts, new_tokens)
+        write_json(args.json, dict(new_tokens=new_tokens, rows=rows_json, complete=True) | estimate)
 
 
-def json_rows(rows: list[tuple], new_tokens: int) -> list[dict]:
+def json_rows(rows: list[tuple], firsts: list[float], new_tokens: int) -> list[dict]:
     columns = ("implementation", "batch", "cache", "mode", "products", "seconds")
-    return [dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1]) for row in rows]
+    return [
+        dict(zip(columns, row, strict=True), tokens_per_sec=row[1] * new_tokens / row[-1], first_call_seconds=first)
+        for row, first in zip(rows, firsts, strict=True)
+    ]
 
 
 def configurations(

@@ -119,12 +119,15 @@ class PartRun:
         env = os.environ | {"OMP_NUM_THREADS": "1"} if self.smoke else None
         return subprocess.Popen(argv, cwd=ROOT, env=env)
 
-    def run(self, argv: list[str], stop: signal.Signals = signal.SIGTERM) -> tuple[int | None, float]:
+    def run(
+        self, argv: list[str], stop: signal.Signals = signal.SIGTERM, group: bool = False
+    ) -> tuple[int | None, float]:
         """Run a command until it ends or the part's deadline comes, less a margin for what follows,
-        then stop it with the signal stop. Returns its exit status (None when it was stopped at the
-        deadline) and its seconds."""
+        then stop it with the signal stop (with group, it and every process it started: see
+        wait_or_stop). Returns its exit status (None when it was stopped at the deadline) and its
+        seconds."""
         start = time.monotonic()
-        status = wait_or_stop(self.start(argv), max(self.remaining() - GRACE_SECONDS, 1), stop=stop)
+        status = wait_or_stop(self.start(argv), max(self.remaining() - GRACE_SECONDS, 1), stop=stop, group=group)
         return status, time.monotonic() - start
 
     def run_until(self, argv: list[str], done: Callable[[], bool]) -> tuple[int | None, float, bool]:
@@ -144,15 +147,31 @@ class PartRun:
 
 
 def wait_or_stop(
-    process: subprocess.Popen, limit: float, grace: float = GRACE_SECONDS, stop: signal.Signals = signal.SIGTERM
+    process: subprocess.Popen,
+    limit: float,
+    grace: float = GRACE_SECONDS,
+    stop: signal.Signals = signal.SIGTERM,
+    group: bool = False,
 ) -> int | None:
     """Wait for a process for limit seconds; past that, send it stop (SIGTERM: train.py checkpoints
     and stops, torchrun stops its workers; SIGINT: pytest reports the tests it ran), then SIGKILL
-    after grace seconds. Returns its exit status, or None if it was stopped."""
+    after grace seconds. Returns its exit status, or None if it was stopped.
+
+    group: stop goes to every process of this one's group but this one (the process and all it
+    started), as Ctrl-C in a terminal does, where this process leads its group (a part does). Sent
+    to pytest-xdist's controller alone, SIGINT waits for each worker to finish its test, which can
+    outlast the grace (a compilation): the report is then lost."""
     try:
         return process.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        process.send_signal(stop)
+        if group and os.getpgid(0) == os.getpid():
+            ignored = signal.signal(stop, signal.SIG_IGN)  # discarded here when sent, so restored at once
+            try:
+                os.killpg(0, stop)
+            finally:
+                signal.signal(stop, ignored)
+        else:
+            process.send_signal(stop)
     try:
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
@@ -195,7 +214,7 @@ def gpu_tests(run: PartRun) -> None:
     if importlib.util.find_spec("xdist") is not None:  # most of the time is compilation: spread it over the CPUs
         argv += ["-n", str(max(1, min(TEST_WORKERS, (os.cpu_count() or 1) // 2)))]
     argv += [f"--basetemp={run.scratch / 'pytest'}"]  # not /tmp/pytest-of-USER, which pytest prunes to 3 runs
-    status, seconds = run.run(argv, stop=signal.SIGINT)  # pytest's Ctrl-C still writes the report
+    status, seconds = run.run(argv, stop=signal.SIGINT, group=True)  # pytest's Ctrl-C still writes the report
     if not junit.exists():
         run.record("pytest -m gpu", f"no result ({failed(status, seconds)})", "all pass", run.shown(argv))
         return
@@ -332,6 +351,8 @@ def decode(run: PartRun) -> None:
         name = f"{row['implementation']}, {cache}, {row['mode']}" + (f", {row['products']}" if ours else "")
         compiled = ours and row["mode"] == "compiled"
         value = f"{row['tokens_per_sec']:,.0f} tokens/s ({reference['seconds'] / row['seconds']:.2f}x transformers)"
+        if compiled:  # its first call compiles: sample.py --compile's wait before the first token
+            value += f"; first call {row['first_call_seconds']:.0f} s"
         goal = ">= 5,000 tokens/s on an H100" if compiled else ""
         run.record(f"decoding batch 1: {name}", value, goal, command)
 

@@ -1,3 +1,4 @@
+import contextlib
 import importlib
 import subprocess
 import sys
@@ -34,6 +35,29 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@contextlib.contextmanager
+def tf32_off():
+    """Within it, float32 matrix products on CUDA are exact (TF32 off: a trainer on CUDA turns it on);
+    after it, TF32 is as it was. Set and restored by hand: pytest's monkeypatch (9.x) restores an
+    instance's attribute from its __dict__, where torch.backends.cuda.matmul keeps no flag, so its
+    undo fails on these flags."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    before = [flag.allow_tf32 for flag in flags]
+    try:
+        for flag in flags:
+            flag.allow_tf32 = False
+        yield
+    finally:
+        for flag, value in zip(flags, before, strict=True):
+            flag.allow_tf32 = value
+
+
+@pytest.fixture
+def exact_float32_products():
+    with tf32_off():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import struct
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ import trainer.pretrained as pretrained_module
 from data.files import FileLock
 from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
-from errors import run_cli
+from errors import PROJECT_MODULES, run_cli
 from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
 from model.hf import read_safetensors, write_safetensors
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
@@ -39,6 +40,7 @@ class Case:
     env: dict[str, str] = field(default_factory=dict)
     needs_no_gpu: bool = False
     needs_permissions: bool = False  # file permissions bind the user (not root, who may write anywhere)
+    not_installed: str = ""  # a third-party package the entry point cannot import, as where it is not installed
 
 
 class RunsCodeWhenUnpickled:
@@ -585,6 +587,7 @@ CATALOGUE = [
     Case("gguf-path-before-loading", "sample.py", ["--out-dir", "out/missing", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file", write_files("model.gguf")),
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
+    Case("gguf-package-not-installed", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "this needs the Python package gguf, which is not installed here: pip install gguf (or pip install -e . in the checkout)", not_installed="gguf"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
     Case("schedule-not-stages", "train.py", [*TRAIN, "--train.block_size_schedule=16:0.3,32"], "train.block_size_schedule='16:0.3,32' is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of train.max_iters it lasts until, rising inside (0, 1); after the last, model.block_size)"),
     Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),
@@ -638,6 +641,8 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
         pytest.skip("root may write anywhere")
     for name, value in case.env.items():
         monkeypatch.setenv(name, value)
+    if case.not_installed:
+        block_import(case.not_installed, monkeypatch)
     case.setup(workspace)
     capsys.readouterr()  # what the setup printed (preparing, training) is not the entry point's
     before = snapshot(workspace)
@@ -649,6 +654,20 @@ def test_bad_input_gets_one_line_and_loses_nothing(case, workspace, monkeypatch,
     assert case.message in lines[0]
     assert "this ran while loading" not in capsys.readouterr().out
     assert snapshot(workspace) == before
+
+
+def block_import(package: str, monkeypatch) -> None:
+    """Make `import package` fail for the rest of the test, as where it is not installed: also in this
+    project's modules that imported it already (they are imported afresh, and fail)."""
+    imported = sys.modules.get(package)
+    for name, module in list(sys.modules.items()):
+        if (
+            imported is not None
+            and name.partition(".")[0] in PROJECT_MODULES
+            and getattr(module, package, None) is imported
+        ):
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, package, None)
 
 
 def disk_full(*args, **kwargs):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
-from tests.conftest import run_script, tiny_config, tiny_model
+from tests.conftest import run_script, tf32_off, tiny_config, tiny_model
 from tests.test_masks import PATTERNS, VOCAB
 from trainer.loop import Trainer
 from trainer.metrics import flops_per_token, gpu_peak_flops, peak_flops, read_metrics
@@ -16,8 +16,7 @@ from trainer.metrics import flops_per_token, gpu_peak_flops, peak_flops, read_me
 pytestmark = pytest.mark.gpu
 
 
-def test_cached_decoding_reproduces_full_forward_logits_on_cuda(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # exact float32 products
+def test_cached_decoding_reproduces_full_forward_logits_on_cuda(exact_float32_products):
     model = tiny_model(50, 32).cuda()
     idx = torch.randint(0, 50, (2, 32), device="cuda")
     full, _ = model(idx)
@@ -76,10 +75,9 @@ RESIDUAL_SWITCHES = {"value_embeds": 1, "unet_skips": True, "backout": True}
     [{}, {"attn_window": 8}, {"attn_window": 8, **RESIDUAL_SWITCHES}],
     ids=["causal", "window", "window-with-residual-switches"],
 )
-def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch, pattern):
+def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(exact_float32_products, pattern):
     from model import generate, left_pad
 
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     torch._dynamo.reset()
     model = tiny_model(50, 16, **pattern).cuda()  # a window of 8: a rolling cache
     prompts, pad = left_pad([[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9], [42]], "cuda")
@@ -91,9 +89,7 @@ def test_compiled_cuda_graph_step_gives_the_eager_tokens_on_cuda(monkeypatch, pa
     assert tokens(compile=True) == tokens(compile=False)
 
 
-def test_trainer_on_cuda_lets_float32_matrix_products_use_tf32(tmp_path, data_dir, monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+def test_trainer_on_cuda_lets_float32_matrix_products_use_tf32(tmp_path, data_dir, exact_float32_products):
     Trainer(tiny_config(tmp_path / "run", data_dir, train__device="cuda"))
     assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     generator = torch.Generator("cuda").manual_seed(0)
@@ -118,10 +114,9 @@ def test_logged_mfu_on_cuda_divides_model_flops_by_the_gpus_datasheet_peak(tmp_p
 
 
 @pytest.mark.parametrize("name", PATTERNS)
-def test_model_with_each_pattern_trains_on_cuda_as_on_a_cpu(name, monkeypatch):
+def test_model_with_each_pattern_trains_on_cuda_as_on_a_cpu(name, exact_float32_products):
     """On CUDA a pattern reaches attention as FlexAttention's block mask, on a CPU as SDPA's dense
     mask: the same weights must give the same logits and gradients both ways."""
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # a trainer earlier set it
     torch._dynamo.reset()  # no FlexAttention kernel compiled while TF32 was allowed
     T = 300  # three blocks of FlexAttention's 128 positions, the last one partial
     cpu_model = tiny_model(VOCAB, block_size=T, **PATTERNS[name]).train()
@@ -220,7 +215,7 @@ def test_residual_switches_train_compiled_in_bfloat16_and_sample_on_cuda(tmp_pat
 
 
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
-def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_path, data_dir, compile, monkeypatch):
+def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_path, data_dir, compile):
     """The smear gate, an exact bigram table (65^2 + 1 rows) and multi-token prediction together on the
     GPU in bfloat16, eager and compiled (the multi-token weights change from step to step inside the
     compiled graph): the loss falls; the trained model decodes through a static cache as its full pass
@@ -234,10 +229,9 @@ def test_neighbouring_token_switches_train_in_bfloat16_and_decode_on_cuda(tmp_pa
     trainer.fit()
     assert trainer.evaluate()["val"] < before - 0.3
     assert trainer.model.loss.weights.tolist() == [1, 0, 0]  # past optim.lr_decay_iters: the next token alone
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)  # exact float32 products
     model = trainer.model.eval()
     idx = torch.randint(0, 65, (2, 32), device="cuda")
-    with torch.no_grad():
+    with torch.no_grad(), tf32_off():  # exact float32 products (the trainer turned TF32 on)
         full, _ = model(idx)
         cache = model.new_cache(2, static=True)
         pieces = [model(idx[:, :7], cache=cache)[0]] + [model(idx[:, t : t + 1], cache=cache)[0] for t in range(7, 32)]

@@ -16,7 +16,7 @@ from bench.attention import tiles_computed
 from bench.gpu import PARTS, parts_in_order, run_part, wait_or_stop
 from model.attention import flex_block_mask
 from model.masks import prefix_lm, sliding_window
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, tf32_off
 
 MISSING_ON_GPU_IMAGE = ("datasets", "wandb", "gguf", "lm_eval")  # dependencies, or test extras, that one lacked
 BLOCK_MISSING = f"import sys\nfor name in {MISSING_ON_GPU_IMAGE}:\n    sys.modules[name] = None  # import fails\n"
@@ -93,6 +93,45 @@ def test_process_that_ignores_sigterm_is_killed_after_the_grace():
     assert process.returncode == -9
 
 
+# a command that goes on waiting for its worker on SIGINT (as pytest-xdist's controller waits for each worker
+# to finish its test), and a worker that ends its work on SIGINT at once, leaving a trace (a report)
+WORKER = """import sys, time
+print(flush=True)
+try:
+    time.sleep(60)
+except KeyboardInterrupt:
+    open(sys.argv[1], "w").close()
+"""
+CONTROLLER = """import subprocess, sys
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+while worker.poll() is None:
+    try:
+        worker.wait()
+    except KeyboardInterrupt:
+        pass
+"""
+PART = """import signal, subprocess, sys
+sys.path.insert(0, sys.argv[4])
+from bench.gpu import wait_or_stop
+command = subprocess.Popen([sys.executable, "-c", *sys.argv[1:4]], stdout=subprocess.PIPE)
+command.stdout.readline()  # the worker has started
+print(wait_or_stop(command, 0.5, grace=20, stop=signal.SIGINT, group=True))
+"""
+
+
+def test_command_stopped_at_its_limit_with_its_group_stops_what_it_started_at_once(tmp_path):
+    """pytest-xdist's controller, sent SIGINT at the tests' limit, waits for each worker to finish its
+    test (a compilation can outlast the grace, and a killed pytest writes no report): sent to the part's
+    process group, as Ctrl-C in a terminal, the workers stop at once, and the part itself goes on."""
+    reported = tmp_path / "worker-reported"
+    argv = [sys.executable, "-c", PART, CONTROLLER, WORKER, str(reported), str(PROJECT_ROOT)]
+    start = time.monotonic()
+    part = subprocess.run(argv, start_new_session=True, capture_output=True, text=True, timeout=60)
+    assert part.returncode == 0 and part.stdout.split() == ["None"], part.stderr  # stopped at its limit
+    assert reported.exists()
+    assert time.monotonic() - start < 15  # not the 20 s of grace, nor the worker's 60 s
+
+
 def test_window_of_512_at_4096_computes_150_of_causal_attentions_528_tiles():
     """What FlexAttention can skip bounds the window's gain: 3.52x here, not T / window / 2 = 4x."""
     window = flex_block_mask(sliding_window(512), None, 4096, torch.device("cpu"))
@@ -119,7 +158,7 @@ def test_decoding_benchmark_stopped_early_leaves_the_rows_it_timed(tmp_path, mon
         if len(timed) == 2:
             raise KeyboardInterrupt  # as the part's deadline would stop the script
         timed.append(run)
-        return 0.5
+        return 0.5, 2.0
 
     result = tmp_path / "decode.json"
     argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", f"--json={result}"]
@@ -131,3 +170,21 @@ def test_decoding_benchmark_stopped_early_leaves_the_rows_it_timed(tmp_path, mon
     assert written["complete"] is False
     assert [row["implementation"] for row in written["rows"]] == ["transformers generate", "ours"]
     assert [row["tokens_per_sec"] for row in written["rows"]] == [4 / 0.5, 4 / 0.5]
+    assert [row["first_call_seconds"] for row in written["rows"]] == [2.0, 2.0]
+
+
+def test_gpu_tests_turn_tf32_off_and_restore_it_after():
+    """The GPU tests that compare float32 results exactly turn TF32 off (a trainer on CUDA turns it
+    on) and must leave it as they found it, without the teardown error that pytest's monkeypatch
+    raises on these flags. The flags can be set on a CPU-only build too."""
+    flags = (torch.backends.cuda.matmul, torch.backends.cudnn)
+    before = [flag.allow_tf32 for flag in flags]
+    try:
+        for flag in flags:
+            flag.allow_tf32 = True
+        with tf32_off():
+            assert [flag.allow_tf32 for flag in flags] == [False, False]
+        assert [flag.allow_tf32 for flag in flags] == [True, True]
+    finally:
+        for flag, value in zip(flags, before, strict=True):
+            flag.allow_tf32 = value
