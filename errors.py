@@ -4,6 +4,7 @@
 import argparse
 import difflib
 import errno
+import importlib.util
 import sys
 from collections.abc import Callable, Iterable
 from typing import NoReturn
@@ -122,7 +123,8 @@ def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sy
         status = 2
     except ModuleNotFoundError as e:
         missing = (e.name or "").partition(".")[0]
-        if not missing or missing in PROJECT_MODULES:  # a module of this project's own: a bug, so the traceback
+        # a module of this project's own, or a part of an installed package: not an installation to mend
+        if not missing or missing in PROJECT_MODULES or importlib.util.find_spec(missing) is not None:
             raise
         print(f"error: {_missing_package_message(missing)}", file=sys.stderr)
         status = 2
@@ -132,7 +134,7 @@ def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sy
     exit(status)
 
 
-# the top-level modules of this checkout: one of them missing is a bug, not an installation to mend
+# the top-level modules of this checkout
 PROJECT_MODULES = ("bench", "data", "errors", "eval", "model", "plot", "sample", "tests", "train", "trainer")
 # third-party modules whose package has another name, and those that come with one of pyproject.toml's
 # optional extras rather than with the dependencies

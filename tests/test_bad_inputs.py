@@ -2,6 +2,7 @@
 exit status 2, no traceback, and leaves every file it found exactly as it was."""
 
 import errno
+import importlib
 import io
 import json
 import os
@@ -668,6 +669,14 @@ def block_import(package: str, monkeypatch) -> None:
         ):
             monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, package, None)
+
+
+@pytest.mark.parametrize("module", ["model.no_such_module", "torch.no_such_module"])
+def test_a_module_missing_from_the_project_or_an_installed_package_keeps_its_traceback(module):
+    """Only a package that is not installed at all is the user's to mend (gguf-package-not-installed):
+    a module missing from this checkout or from an installed package is a bug, shown whole."""
+    with pytest.raises(ModuleNotFoundError):
+        run_cli(lambda: importlib.import_module(module))
 
 
 def disk_full(*args, **kwargs):
