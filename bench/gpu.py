@@ -13,9 +13,9 @@ the parts' output). A folder that already holds any of those names is refused, u
 earlier report (its report.json), whose files are replaced. Runs, checkpoints and prepared data go
 to a temporary folder (SCRATCH in the commands shown), removed at the end. A part that fails or
 runs out of time leaves the figures it had recorded, and the next part starts. Nothing here needs
-the network or the packages a bare CUDA image may lack (`datasets`, `wandb`, `gguf`, `lm-eval`):
-the datasets used ship with the project. The tests run in parallel processes where pytest-xdist is
-installed; the baby GPTs' runs stop once their val loss has reached nanoGPT's.
+the network or the packages a bare CUDA image may lack (`datasets`, `wandb`, `gguf`, `lm-eval`,
+`peft`): the datasets used ship with the project. The tests run in parallel processes where
+pytest-xdist is installed; the baby GPTs' runs stop once their val loss has reached nanoGPT's.
 
 --smoke runs every part at toy sizes on the CPU, so the script cannot rot without a GPU to run it
 on: what a CPU cannot run (NCCL, CUDA graphs, FlexAttention's backward pass) is reported as skipped,
