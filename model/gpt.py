@@ -337,10 +337,13 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         rotate = self.rotary(positions)  # the same turn for every layer's queries and keys
         value_embeddings = self.value_embeds(idx)  # per block: (B, T, kv_heads * head_size), or None
-        residuals = [x]  # the stream before the first block and after each: what skips and backout read
+        # the stream before the first block and after each, kept where skips or backout read it (else
+        # None: without autograd, each block's output is freed once the next block has read it)
+        keep = self.config.unet_skips or self.config.backout
+        residuals = [x if keep else None]
         for block, value_embedding in zip(self.transformer.h, value_embeddings, strict=True):
             x = block(self.skips(x, residuals), mask, cache, rotate, value_embedding)
-            residuals.append(x)
+            residuals.append(x if keep else None)
         x = self.transformer.ln_f(self.backout(x, residuals))
         if cache is not None:
             cache.advance(T)

@@ -3,6 +3,8 @@ position sees a later token (nor, with documents, another document), cached and 
 equals the full forward pass, the optimizer routes its parameters as documented, a run resumes
 bit for bit, and export refuses the ones no family computes, by name."""
 
+import weakref
+
 import pytest
 import torch
 
@@ -203,6 +205,20 @@ def test_backout_subtracts_its_weight_times_the_stream_after_two_thirds_of_the_b
     plain(idx)
     model(idx)
     torch.testing.assert_close(backed[0], ends[0] - 0.5 * streams[3])  # the stream after blocks 0 .. 3
+
+
+@pytest.mark.parametrize("switches,kept", [({}, False), ({"unet_skips": True}, True), ({"backout": True}, True)])
+def test_a_blocks_output_is_kept_after_the_next_block_only_where_a_switch_reads_it(switches, kept):
+    """Without autograd (evaluation, sampling), a block's output is freed once the next block has
+    read it, unless the U-net skips or backout read it later: n_layer outputs held to the end of the
+    pass would add n_layer x B x T x n_embd to its peak memory."""
+    model = GPT(GPTConfig(n_layer=6, n_head=2, n_embd=32, block_size=BLOCK, vocab_size=VOCAB, **switches)).eval()
+    first_output, alive = [], []
+    model.transformer.h[0].register_forward_hook(lambda module, args, output: first_output.append(weakref.ref(output)))
+    model.transformer.h[2].register_forward_pre_hook(lambda module, args: alive.append(first_output[0]() is not None))
+    with torch.no_grad():
+        model(torch.randint(0, VOCAB, (2, BLOCK)))
+    assert alive == [kept]
 
 
 def test_zero_init_projections_start_at_zero_and_muon_moves_them_on_the_first_step():
