@@ -1,9 +1,10 @@
 """Run by tests/test_distributed.py under torchrun: one optimizer step of a tiny model with the
 given parallelism, optimizer and dtype on fixed data, each process taking its own rows. Rank 0
-saves the full gradients the optimizer was handed, the full weights after the step, whether the
-processes' own data samplers drew different batches, the dtype of the first layer norm's output
-(what the blocks compute in), and the full optimizer state, both as gathered after the step and as
-gathered again after loading it back (the way a resumed run restores it).
+saves the full gradients the optimizer was handed (and, with DDP, how many buffers they live in),
+the full weights after the step, whether the processes' own data samplers drew different batches,
+the dtype of the first layer norm's output (what the blocks compute in), and the full optimizer
+state, both as gathered after the step and as gathered again after loading it back (the way a
+resumed run restores it).
 
 optimizer: a name in RECIPES, the optim keys it sets."""
 
@@ -50,6 +51,10 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
     rows = slice(world.rank * len(x) // world.size, (world.rank + 1) * len(x) // world.size)
     trainer.batches = FixedBatches(x[rows], y[rows], batch_size)
     gradients = capture_gradients(trainer)
+    buffers = []  # with DDP: how many buffers the gradients the optimizer is handed live in
+    if parallelism == "ddp":
+        step = trainer.optimizer.step
+        trainer.optimizer.step = lambda: buffers.append(gradient_buffers(trainer.model)) or step()
     norm_dtypes = []
     trainer.model.transformer.h[0].ln_1.register_forward_hook(lambda *args: norm_dtypes.append(str(args[2].dtype)))
     trainer.train_step(lr=1e-3)
@@ -66,6 +71,8 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
                 "world_size": world.size,
                 "ranks_drew_different_batches": not torch.equal(first_batches[0], first_batches[1]),
                 "norm_output_dtypes": norm_dtypes,
+                "gradient_buffers": buffers,
+                "gradients_count": len(gradients),
                 "optimizer": optimizer_state["state"],
                 "reloaded_optimizer": reloaded_state["state"],
             },
@@ -73,6 +80,11 @@ def main(parallelism: str, data_dir: str, out_path: str, optimizer: str = "adamw
         )
     world.stop()
     world.exit(0)
+
+
+def gradient_buffers(model: torch.nn.Module) -> int:
+    """The number of distinct storages that the parameters' gradients are views of."""
+    return len({param.grad.untyped_storage().data_ptr() for param in model.parameters() if param.grad is not None})
 
 
 if __name__ == "__main__":

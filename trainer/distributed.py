@@ -161,7 +161,10 @@ class ParallelModel:
         self.model = model
         self.mode = parallelism if world.launched else "single"
         if self.mode == "ddp":
-            self.module = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+            # the gradients are views of DDP's all-reduce buckets: no second copy of them, and no copying
+            # back and forth around each all-reduce
+            device_ids = [device.index] if device.type == "cuda" else None
+            self.module = DistributedDataParallel(model, device_ids=device_ids, gradient_as_bucket_view=True)
         elif self.mode == "fsdp":
             # Each block is its own unit (gathered just before it runs, freed after); the root unit
             # holds the embeddings, the tied head and the final norm.
