@@ -172,14 +172,17 @@ def timed_patterns(time_one, args: argparse.Namespace, device: torch.device) -> 
         tiles = tiles_computed(mask, args.block_size)
         baseline = rows[0] if rows else dict(seconds=seconds, tiles=tiles)
         ceiling = baseline["tiles"] / tiles if tiles and baseline["tiles"] else None
-        row = dict(
-            pattern=short,
-            name=name,
-            path=attention_path(mask),
-            seconds=seconds,
-            vs_causal=baseline["seconds"] / seconds,
+        rows.append(
+            dict(
+                pattern=short,
+                name=name,
+                path=attention_path(mask),
+                seconds=seconds,
+                vs_causal=baseline["seconds"] / seconds,
+                tiles=tiles,
+                tiles_vs_causal=ceiling,
+            )
         )
-        rows.append(row | dict(tiles=tiles, tiles_vs_causal=ceiling))
     return rows
 
 

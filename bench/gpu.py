@@ -256,8 +256,9 @@ def baby_gpt(run: PartRun, config: str) -> None:
     started = time.time()
     status, seconds, stopped = run.run_until(argv, reached_target)
     command = run.shown(argv)
-    steps = [r for r in records() if "loss" in r]
-    evaluations = [r for r in records() if "val_loss" in r]
+    recorded = records()
+    steps = [r for r in recorded if "loss" in r]
+    evaluations = [r for r in recorded if "val_loss" in r]
     last_step = steps[-1]["step"] if steps else 0
     ended = "" if status == 0 else f" ({failed(status, seconds)})"
     if stopped:
