@@ -184,6 +184,36 @@ print(f'direct {d:.2f} ms, chosen (Gram form for the long ones) {g:.2f} ms, rati
 ] = "a timing of 80 runs on two threads: tens of seconds on a CPU shared with other work"
 
 
+# Memory (docs/benchmarks.md): GPT-2 124M's shape on a CPU, a forward pass of 8 x 1024 tokens and three
+# DDP steps: tens of seconds and some 3 GiB
+GPT2_MEMORY = "GPT-2 124M's shape on a CPU: tens of seconds and some 3 GiB (tests check the behaviour: test_residual_switches, test_distributed)"
+NOT_RUN[
+    """python -c "
+import resource, torch
+from model import GPT, GPTConfig
+model = GPT(GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=1024, vocab_size=50304)).eval()
+idx = torch.randint(0, 50304, (8, 1024))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+with torch.no_grad():
+    model(idx, logits_to_keep=1)
+print(f'peak rise {(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024:.0f} MiB')\""""
+] = GPT2_MEMORY
+NOT_RUN[
+    """python -c "
+import os, resource, tempfile
+os.environ.update(RANK='0', LOCAL_RANK='0', WORLD_SIZE='1', LOCAL_WORLD_SIZE='1', MASTER_ADDR='127.0.0.1', MASTER_PORT='29517')
+from trainer.config import load_config
+from trainer.loop import Trainer
+cfg = load_config('configs/gpt2_124m_owt.toml', ['--data.dataset=shakespeare', '--train.device=cpu', '--train.dtype=float32',
+    '--train.compile=false', '--data.batch_size=1', '--model.block_size=64', '--train.gradient_accumulation_steps=1',
+    '--train.threads=1', '--train.parallelism=ddp', f'--train.out_dir={tempfile.mkdtemp()}/run'])
+trainer = Trainer(cfg)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+losses = [trainer.train_step(lr=1e-4).item() for _ in range(3)]
+print(f'peak RSS {before / 1024:,.0f} MiB after building, {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB after 3 steps; losses {losses}')
+trainer.world.stop()\""""
+] = GPT2_MEMORY
+
 # NorMuon's cost (docs/benchmarks.md): 440 training steps of the quickstart's model, half a minute
 # or more on a CPU shared with other work
 NOT_RUN[
