@@ -2,7 +2,8 @@
 
 from .attention import CausalSelfAttention, attention, attention_weights, causal_mask
 from .generate import generate, left_pad, sample_next_token
-from .gpt import GPT, GPTConfig
+from .gpt import GPT
+from .gpt_config import GPTConfig
 from .kv_cache import KVCache
 from .masks import dense_mask, pattern_rule
 from .packed_linear import PackedLinear, pack_linears, packing_unavailable

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
 from model import GPT, GPTConfig, generate, left_pad
-from model.gpt import BigramTable, MultiTokenLoss, SmearGate
+from model.gpt import MultiTokenLoss
+from model.switches import BigramTable, SmearGate
 from tests.conftest import tiny_config, tiny_model
 from tests.test_masks import EOT
 from tests.test_pattern_decoding import decode_with_cache, tokens
