@@ -54,12 +54,13 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli
-from model import GPT, generate, left_pad, pack_linears, packing_unavailable
-from trainer.chat import chat_in_terminal, check_chat_options
+from finetune.lora import export_run_adapter
+from inference.chat import chat_in_terminal, check_chat_options
+from inference.load import RUNS_ROOT, load_model
+from inference.packed_linear import pack_linears, packing_unavailable
+from interop.pretrained import check_export_folder, export_model
+from model import GPT, generate, left_pad
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run
-from trainer.loading import RUNS_ROOT, load_model
-from trainer.lora import export_run_adapter
-from trainer.pretrained import check_export_folder, export_model
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
@@ -210,7 +211,7 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
 
 def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
     """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
-    in float32 (see model/packed_linear.py). Returns how the matrix products run, for the start-up
+    in float32 (see inference/packed_linear.py). Returns how the matrix products run, for the start-up
     line."""
     if compile:
         return "nn.Linear products (torch.compile cannot trace packed layers)"
@@ -260,7 +261,7 @@ def unescape(text: str) -> str:
 def main() -> None:
     args = parse_args()
     if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
-        from trainer.gguf import write_gguf  # here: sampling needs no gguf package (a bare CUDA image has none)
+        from interop.gguf import write_gguf  # here: sampling needs no gguf package (a bare CUDA image has none)
 
         write_gguf(
             Path(args.export_gguf),

@@ -13,7 +13,7 @@ compilation) and then --repeats times; the table gives the fastest run, and the 
 --json the first call's time too (for the compiled row, how long its compilation makes one wait).
 
 On a CPU our sampler runs as sample.py runs it: with its linear layers packed for oneDNN
-(model/packed_linear.py). The same sampler with plain nn.Linear layers (as under --compile) is
+(inference/packed_linear.py). The same sampler with plain nn.Linear layers (as under --compile) is
 timed too, so the table shows what the packing does and what the rest of the sampler does.
 
 The no-cache path re-encodes the whole context for every token, so its cost grows with the square
@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from model import GPT, PackedLinear, pack_linears, packing_unavailable  # noqa: E402
-from model.families import config_from_hf, state_dict_from_hf  # noqa: E402
+from inference.packed_linear import PackedLinear, pack_linears, packing_unavailable  # noqa: E402
+from interop.families import config_from_hf, state_dict_from_hf  # noqa: E402
+from model import GPT  # noqa: E402
 from model.generate import generate  # noqa: E402
 from trainer.runtime import DTYPES  # noqa: E402
 

@@ -8,7 +8,7 @@ Hugging Face GPT-2 folder with tokenizer files, and the harness's `hf` model loa
 score the same multiple-choice items: the shipped task files in tests/tasks/ (HellaSwag's, ARC's and
 PIQA's record formats, 24 questions each, contexts of one line) and `passages`, HellaSwag-shaped
 questions with four-line contexts, each repeated --repeat times, read through the harness's own
-task definitions and through trainer/tasks.py. Same torch thread count, float32, one process,
+task definitions and through evals/tasks.py. Same torch thread count, float32, one process,
 batch size --batch-size for both (the harness: requests per forward pass; ours: endings per forward
 pass). For each item set the two sides take turns, --runs times each, and the table gives each
 side's fastest run: the whole call, from items to accuracies (the harness's includes building its task
@@ -32,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
 from errors import run_cli  # noqa: E402
+from evals.evaluate import evaluate_task  # noqa: E402
+from evals.tasks import Task, load_task  # noqa: E402
+from interop.pretrained import export_model  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from trainer.evaluate import evaluate_task  # noqa: E402
-from trainer.pretrained import export_model  # noqa: E402
-from trainer.tasks import Task, load_task  # noqa: E402
 
 TASKS = Path(__file__).resolve().parent.parent / "tests" / "tasks"
 SHAKESPEARE = Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt"
@@ -60,7 +60,7 @@ def parse_args() -> argparse.Namespace:
 def write_task_files(folder: Path, repeat: int) -> dict[str, tuple[str, str]]:
     """Each item set's file (its items repeated) and a harness task definition reading it; returns
     our --tasks entry and the harness's task name of each."""
-    from trainer.harness import local_task_yaml
+    from evals.harness import local_task_yaml
 
     tasks = {}
     for name, (definition, file_name) in TASK_FILES.items():

@@ -65,7 +65,7 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from data.chat import (  # noqa: E402
+from data.conversations import (  # noqa: E402
     BUILTIN_SPECIALS,
     BUILTIN_TEMPLATE,
     BUILTIN_VARIABLES,

@@ -45,7 +45,7 @@ class ChatFields:
     out of text that a chat template renders (`specials`, string -> id), and the chat template
     itself (jinja text) with the named token strings it is rendered with (`template_variables`,
     e.g. eos_token), or None. `added_specials` are the special tokens added after the tokenizer's
-    own ids for the built-in template (data/chat.py), which a dataset's meta.json records."""
+    own ids for the built-in template (data/conversations.py), which a dataset's meta.json records."""
 
     chat_template: str | None = None
     template_variables: dict[str, str] = {}  # noqa: RUF012 (replaced, never mutated)

@@ -6,7 +6,6 @@ from .gpt import GPT
 from .gpt_config import GPTConfig
 from .kv_cache import KVCache
 from .masks import dense_mask, pattern_rule
-from .packed_linear import PackedLinear, pack_linears, packing_unavailable
 
 __all__ = [
     "GPT",
@@ -14,9 +13,6 @@ __all__ = [
     "KVCache",
     "dense_mask",
     "pattern_rule",
-    "PackedLinear",
-    "pack_linears",
-    "packing_unavailable",
     "CausalSelfAttention",
     "attention",
     "causal_mask",

@@ -1,4 +1,4 @@
-"""Conversations into ids and trained masks (data/chat.py): the ids equal transformers'
+"""Conversations into ids and trained masks (data/conversations.py): the ids equal transformers'
 apply_chat_template on tiny tokenizers of two families with their real templates (ChatML as Qwen2.5
 writes it, and Llama 3's), the masks cover the replies and their end of turn, and the project's own
 tokenizers get the built-in template with its special tokens added after their ids."""
@@ -9,7 +9,7 @@ import pytest
 import tokenizers
 from tokenizers import Regex, pre_tokenizers
 
-from data.chat import (
+from data.conversations import (
     BUILTIN_TEMPLATE,
     IM_END,
     IM_START,

@@ -1,4 +1,4 @@
-"""sample.py --chat (trainer/chat.py): replies streamed and ended at the end of turn, history kept within
+"""sample.py --chat (inference/chat.py): replies streamed and ended at the end of turn, history kept within
 the context, Ctrl-C stopping a reply and not the session, one turn for scripts; and the exported folder
 of a chat model, where transformers' apply_chat_template and greedy generate print what --chat prints."""
 
@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from data.chat import IM_END, chat_tokenizer, read_conversations, render_prompt
+from data.conversations import IM_END, chat_tokenizer, read_conversations, render_prompt
 from data.prepare import CORPUS_DIR, prepare_chat
 from data.tokenizer import CharTokenizer
 from errors import UserError
+from inference.chat import Sampling, chat, fit_history, prompt_room
 from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
-from trainer.chat import Sampling, chat, fit_history, prompt_room
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 
@@ -255,7 +255,7 @@ def their_reply(folder, message: str, max_new_tokens: int) -> str:
 @pytest.mark.parametrize("source", ["char run", "gpt2 bpe", "llama3 folder"])
 def test_exported_chat_model_replies_in_transformers_as_chat_does(source, chat_run, tmp_path):
     from data.tokenizer import GPT2Tokenizer
-    from trainer.pretrained import export_model, model_from_pretrained
+    from interop.pretrained import export_model, model_from_pretrained
 
     if source == "char run":
         model, tokenizer = model_from_checkpoint(load_checkpoint(chat_run / "ckpt.pt"), chat_run)

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from data.chat import IM_END, IM_START, read_conversations, render_prompt
+from data.conversations import IM_END, IM_START, read_conversations, render_prompt
 from data.loader import TokenDataset
 from data.prepare import prepare_chat
 from errors import UserError

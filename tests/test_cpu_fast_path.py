@@ -5,10 +5,10 @@ test_trainer.py, FSDP's mixed precision in test_distributed.py.)"""
 import pytest
 import torch
 
+from optim.optimizer import build_optimizer
 from tests.conftest import FixedBatches, capture_gradients, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig
 from trainer.loop import Trainer
-from trainer.optim import build_optimizer
 
 
 def test_bfloat16_training_step_computes_in_bfloat16_and_lowers_the_loss(tmp_path, data_dir):

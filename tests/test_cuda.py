@@ -162,7 +162,7 @@ def test_lora_on_a_bfloat16_base_trains_its_float32_adapters_and_samples_on_cuda
 def test_chat_fine_tuning_with_documents_trains_replies_on_cuda(tmp_path, data_dir, compile):
     """Chat on the GPU: conversations packed with attn_documents (FlexAttention's document mask on
     CUDA), the loss over the replies only, in bfloat16; the loss falls and every step trained tokens."""
-    from data.chat import read_conversations
+    from data.conversations import read_conversations
     from data.prepare import prepare_chat
     from tests.test_chat_training import write_chats
 
@@ -246,7 +246,7 @@ def test_normuon_and_cautious_weight_decay_train_on_cuda_in_bfloat16_compiled(tm
     """Muon's CUDA setting (orthogonalised in bfloat16, the model compiled) with NorMuon and cautious
     decay of both optimizers' weights: the loss falls, the running mean squares stay finite float32
     on the GPU, one per neuron, and AdamW keeps its fused step."""
-    from trainer.optim import CautiousAdamW
+    from optim.optimizer import CautiousAdamW
 
     switches = dict(optim__optimizer="muon", optim__muon_normuon=True, optim__cautious_weight_decay=True,
                     optim__muon_weight_decay=0.1, optim__learning_rate=3e-3)  # fmt: skip

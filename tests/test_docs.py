@@ -117,7 +117,7 @@ NOT_RUN = {
     "python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.001 --num-proc 8": HUB,
     "python data/prepare.py --dataset roneneldan/TinyStories --tokenizer gpt2 --out data/tinystories --val-fraction 0.01": HUB,
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks hellaswag,arc_easy,arc_challenge,piqa,lambada --json out.json": HUB,
-    "python -m trainer.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag": HUB,
+    "python -m evals.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag": HUB,
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks gsm8k --limit 100": HUB,
     # several GPUs
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
@@ -170,7 +170,7 @@ NOT_RUN |= {
 NOT_RUN[
     """python -c "
 import time, statistics, torch
-from trainer.muon import _direct_form, orthogonalise
+from optim.muon import _direct_form, orthogonalise
 torch.set_num_threads(2)
 C = (3.4445, -4.775, 2.0315)
 mats = [torch.randn(4, *s) for s in [(384, 128), (128, 128), (682, 128), (128, 341)]]  # the quickstart's, 4 layers

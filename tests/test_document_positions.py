@@ -8,6 +8,7 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import ConfigError, UserError
+from interop.pretrained import export_model
 from model import generate, left_pad
 from model.kv_cache import RollingKVCache
 from model.masks import document_positions
@@ -15,7 +16,6 @@ from tests.conftest import tiny_model
 from tests.test_masks import EOT, PATTERNS
 from tests.test_pattern_decoding import decode_with_cache, tokens
 from trainer.config import load_config
-from trainer.pretrained import export_model
 
 VOCAB = 50
 BLOCK = 32

@@ -13,11 +13,11 @@ import torch
 import sample
 from data.prepare import CORPUS_DIR
 from errors import UserError
-from model import packing_unavailable
+from inference.load import load_model
+from inference.packed_linear import packing_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig, config_to_toml
-from trainer.loading import load_model
 from trainer.loop import Trainer
 
 pytestmark = pytest.mark.slow

@@ -9,15 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import trainer.evaluate as evaluate_module
-from data.chat import chat_tokenizer, render_prompt
+import evals.evaluate as evaluate_module
+from data.conversations import chat_tokenizer, render_prompt
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import UserError
-from plot import Run, loss_figure
-from plot import main as plot_main
-from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.evaluate import (
+from evals.evaluate import (
     EvaluationStopped,
     Prompt,
     TaskResult,
@@ -28,10 +24,14 @@ from trainer.evaluate import (
     score_items,
     split_tokens,
 )
+from evals.tasks import GSM8K_JUDGE, LOCAL_JUDGE, Item, Question, Task, load_task, normalise
+from interop.pretrained import export_model
+from plot import Run, loss_figure
+from plot import main as plot_main
+from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
+from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 from trainer.metrics import read_metrics
-from trainer.pretrained import export_model
-from trainer.tasks import GSM8K_JUDGE, LOCAL_JUDGE, Item, Question, Task, load_task, normalise
 
 TASKS = PROJECT_ROOT / "tests" / "tasks"
 

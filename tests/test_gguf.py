@@ -10,18 +10,18 @@ import torch
 
 gguf = pytest.importorskip("gguf")  # a dependency, yet missing on CUDA images that run the other tests
 
-from data.chat import chat_tokenizer  # noqa: E402
+from data.conversations import chat_tokenizer  # noqa: E402
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
 from errors import UserError  # noqa: E402
-from model.families import FAMILY_BY_TYPE, split_gate_up, split_qkv  # noqa: E402
-from model.gguf import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope  # noqa: E402
+from interop.families import FAMILY_BY_TYPE, split_gate_up, split_qkv  # noqa: E402
+from interop.gguf import export_gguf  # noqa: E402
+from interop.gguf_tensors import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope  # noqa: E402
+from interop.pretrained import export_model  # noqa: E402
 from tests.conftest import PROJECT_ROOT, run_script, tiny_config, tiny_model  # noqa: E402
 from tests.test_chat import LLAMA3_SPLIT, QWEN2_SPLIT  # noqa: E402
 from tests.test_families import OUR_MODELS, QUICKSTART_SWITCHES, TOKENIZER, VOCAB, trained_like  # noqa: E402
 from trainer.config import load_config  # noqa: E402
-from trainer.gguf import export_gguf  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
-from trainer.pretrained import export_model  # noqa: E402
 
 # the combinations of switches of tests/test_families.py that llama.cpp runs, each with its architecture
 GGUF_MODELS = {key: value for key, value in OUR_MODELS.items() if FAMILY_BY_TYPE[value[1]].gguf is not None}

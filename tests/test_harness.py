@@ -1,7 +1,7 @@
 """Agreement with lm-evaluation-harness, offline: on a tiny GPT-2 BPE model exported to a Hugging Face
 folder, the harness's own `hf` model and task definitions (HellaSwag's, ARC's, PIQA's, LAMBADA's,
 pointed at the shipped task files) give the same per-item scores and choices, acc and acc_norm as
-trainer/evaluate.py; and the harness runs its tasks on our model through trainer/harness.py.
+evals/evaluate.py; and the harness runs its tasks on our model through evals/harness.py.
 Skipped when lm-eval is not installed (pip install -e .[eval])."""
 
 import importlib.util
@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from data.tokenizer import GPT2Tokenizer
+from evals.evaluate import evaluate_task, score_items
+from evals.tasks import load_task
+from interop.pretrained import export_model
 from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.evaluate import evaluate_task, score_items
 from trainer.loop import Trainer
-from trainer.pretrained import export_model
-from trainer.tasks import load_task
 
 # found, not imported: importing the harness imports `datasets`, which must wait for conftest's offline setup
 HARNESS = importlib.util.find_spec("lm_eval")
@@ -40,7 +40,7 @@ AGREEMENT = {
 def exported(tmp_path_factory) -> tuple[Path, Path, object]:
     """A tiny GPT-2 BPE model with a 32-token block (so that long questions lose their start), its
     export (its tokenizer files included), and a folder of task definitions over the shipped files."""
-    from trainer.harness import local_task_yaml
+    from evals.harness import local_task_yaml
 
     root = tmp_path_factory.mktemp("harness")
     model = tiny_model(vocab_size=GPT2Tokenizer().vocab_size, block_size=32)
@@ -108,7 +108,7 @@ def test_scores_choices_and_accuracies_equal_the_harness_hf_model(exported):
 
 
 def test_the_harness_runs_its_tasks_on_our_model(exported):
-    import trainer.harness  # noqa: F401  registers gpt-trainer
+    import evals.harness  # noqa: F401  registers gpt-trainer
 
     folder, tasks_dir, model = exported
     harness = harness_run("gpt-trainer", f"init_from={folder}", tasks_dir, ["next_line"])
@@ -122,7 +122,7 @@ def test_the_harness_runs_its_tasks_on_our_model(exported):
 def test_rolling_log_likelihood_of_a_text_equals_eval_py_perplexity(exported, tmp_path):
     from lm_eval.api.instance import Instance
 
-    from trainer.harness import HarnessModel
+    from evals.harness import HarnessModel
 
     folder, _, model = exported
     text = (TASKS / "passage.txt").read_text()[:400]
@@ -136,7 +136,7 @@ def test_rolling_log_likelihood_of_a_text_equals_eval_py_perplexity(exported, tm
 def test_generation_is_greedy_and_stops_before_the_stop_string(exported):
     from lm_eval.api.instance import Instance
 
-    from trainer.harness import HarnessModel
+    from evals.harness import HarnessModel
 
     folder, _, model = exported
     tokenizer = GPT2Tokenizer()
@@ -166,7 +166,7 @@ def test_rolling_log_likelihood_without_an_end_of_text_token_equals_eval_py_perp
     of a text's figures (it was `Could not infer dtype of NoneType`)."""
     from lm_eval.api.instance import Instance
 
-    from trainer.harness import HarnessModel
+    from evals.harness import HarnessModel
 
     text = (TASKS / "passage.txt").read_text()[:300]  # windows of 32 characters: ten of them
     (tmp_path / "passage.txt").write_text(text)
@@ -183,7 +183,7 @@ def test_rolling_log_likelihood_without_an_end_of_text_token_equals_eval_py_perp
 def test_a_device_in_model_args_wins_over_the_harness_device_option(char_run):
     """The harness passes its own --device (default cuda:0) beside model_args: device=cpu there was
     `got multiple values for keyword argument 'device'`."""
-    from trainer.harness import HarnessModel
+    from evals.harness import HarnessModel
 
     model = HarnessModel.create_from_arg_string(
         f"out_dir={char_run},device=cpu,batch_size=3", {"batch_size": 16, "max_batch_size": None, "device": "cuda:0"}
@@ -196,7 +196,7 @@ def test_a_mistake_in_model_args_is_one_error_line(exported, tmp_path):
     args = ["--model", "gpt-trainer", "--model_args", f"out_dir={tmp_path / 'nowhere'}"]
     args += ["--include_path", str(tasks_dir), "--tasks", "local_next_line"]
     process = subprocess.run(
-        [sys.executable, "-m", "trainer.harness", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "evals.harness", *args], cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300
     )
     assert process.returncode == 2, process.stderr
     assert "Traceback" not in process.stderr

@@ -8,11 +8,11 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
-from model.hf import read_safetensors, write_safetensors
+from interop.hf import read_safetensors, write_safetensors
+from interop.pretrained import export_model, model_from_pretrained
 from tests.conftest import run_entry_point, tiny_config, tiny_model
 from tests.test_families import greedy_sample_py_and_transformers
 from trainer.loop import Trainer
-from trainer.pretrained import export_model, model_from_pretrained
 
 transformers = pytest.importorskip("transformers")
 

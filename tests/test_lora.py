@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from errors import UserError
+from finetune.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
+from interop.pretrained import export_model
 from tests.conftest import run_script, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import LoraConfig
 from trainer.loop import Trainer
-from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
-from trainer.pretrained import export_model
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 # a Qwen3-shaped tiny model: rotary positions, RMSNorm, QK-norm, SwiGLU, grouped-query attention, untied head

@@ -1,4 +1,4 @@
-"""Muon's update (trainer/muon.py): torch.optim.Muon's algorithm, orthogonalised in a chosen dtype
+"""Muon's update (optim/muon.py): torch.optim.Muon's algorithm, orthogonalised in a chosen dtype
 and batched over matrices of one shape, with torch's coefficients or ones fitted per iteration."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.optim._muon import _zeropower_via_newtonschulz
 
-from trainer.muon import Muon, _closest_quintic, _direct_form, _gram_form, fitted_coefficients, orthogonalise
+from optim.muon import Muon, _closest_quintic, _direct_form, _gram_form, fitted_coefficients, orthogonalise
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # torch.optim.Muon's, for every iteration
 # two matrices of one shape (stepped as one batch), a tall one and a square one
@@ -77,7 +77,7 @@ def test_only_long_float32_matrices_take_the_gram_form(monkeypatch):
         taken.append(tuple(x.shape[-2:]))
         return x
 
-    monkeypatch.setattr("trainer.muon._gram_form", gram_form)
+    monkeypatch.setattr("optim.muon._gram_form", gram_form)
     cases = [
         ((8, 13), torch.float32),  # long enough: 13 > 1.5 * 8
         ((8, 12), torch.float32),  # 1.5x exactly: the same work either way, so the direct form
@@ -217,7 +217,7 @@ def plain_step(
 ) -> torch.Tensor:
     """The matrix after one Muon step per gradient with no momentum and the orthogonalisation left
     out (the update is the gradient itself), from `weights` (zeros if None)."""
-    monkeypatch.setattr("trainer.muon.orthogonalise", lambda updates, coefficients, eps: updates)
+    monkeypatch.setattr("optim.muon.orthogonalise", lambda updates, coefficients, eps: updates)
     param = torch.nn.Parameter(torch.zeros_like(grads[0]) if weights is None else weights.clone())
     optimizer = Muon([param], lr=lr, weight_decay=weight_decay, momentum=0.0, ns_dtype=torch.float32, **kwargs)
     for grad in grads:

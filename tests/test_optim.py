@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from errors import ConfigError, UserError
+from optim.muon import fitted_coefficients
+from optim.optimizer import CautiousAdamW, build_optimizer, lr_at
 from tests.conftest import tiny_config, tiny_model
 from tests.test_trainer import read_metrics, train_losses
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
-from trainer.muon import fitted_coefficients
-from trainer.optim import CautiousAdamW, build_optimizer, lr_at
 
 CPU = torch.device("cpu")
 
@@ -67,7 +67,7 @@ def test_muon_orthogonalises_with_the_coefficients_the_config_names(monkeypatch)
         used.append(tuple(coefficients))
         return updates
 
-    monkeypatch.setattr("trainer.muon.orthogonalise", recording)
+    monkeypatch.setattr("optim.muon.orthogonalise", recording)
     for smallest, expected in [(0.0, ((3.4445, -4.7750, 2.0315),) * 4), (0.003, fitted_coefficients(0.003, 4))]:
         used.clear()
         config = OptimConfig(optimizer="muon", muon_ns_steps=4, muon_ns_smallest=smallest)

@@ -12,10 +12,10 @@ from bench.arguments import BenchArguments, write_json
 from bench.gpu import check_report_folder, write_report
 from data.files import atomic_open
 from data.tokenizer import GPT2Tokenizer
+from interop.pretrained import EXPORT_FILES, GENERATION_CONFIG_NAME, export_model
 from tests.conftest import run_entry_point, snapshot, tiny_config, tiny_model
 from trainer.checkpoint import save_checkpoint
 from trainer.loop import Trainer
-from trainer.pretrained import EXPORT_FILES, GENERATION_CONFIG_NAME, export_model
 
 
 def test_a_users_tmp_file_is_never_touched_by_a_write_beside_it(tmp_path):

@@ -5,9 +5,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-import model.packed_linear as packed_linear_module
+import inference.packed_linear as packed_linear_module
 import sample
-from model import PackedLinear, generate, left_pad, pack_linears, packing_unavailable
+from inference.packed_linear import PackedLinear, pack_linears, packing_unavailable
+from model import generate, left_pad
 from tests.conftest import tiny_model
 
 CPU = torch.device("cpu")

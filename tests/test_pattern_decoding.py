@@ -6,12 +6,12 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
+from interop.pretrained import export_model
 from model import generate, left_pad
 from model.kv_cache import RollingKVCache
 from tests.conftest import tiny_model
 from tests.test_masks import EOT
 from tests.test_masks import PATTERNS as MASK_PATTERNS
-from trainer.pretrained import export_model
 
 VOCAB = 50
 BLOCK = 32

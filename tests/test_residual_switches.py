@@ -10,8 +10,10 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
+from interop.families import FAMILY_BY_TYPE, family_for, gguf_family_for
+from interop.pretrained import Pretrained, export_model, grow_vocabulary, with_pretrained_shape
 from model import GPT, GPTConfig, left_pad
-from model.families import FAMILY_BY_TYPE, family_for, gguf_family_for
+from optim.optimizer import build_optimizer
 from tests.conftest import tiny_config, tiny_model
 from tests.test_kv_cache import decode_with_cache
 from tests.test_masks import EOT
@@ -21,8 +23,6 @@ from tests.test_variants import learns_a_batch
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import OptimConfig, build_config, idle_keys, load_config
 from trainer.loop import Trainer
-from trainer.optim import build_optimizer
-from trainer.pretrained import Pretrained, export_model, grow_vocabulary, with_pretrained_shape
 
 VOCAB = 50
 BLOCK = 32

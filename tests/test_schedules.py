@@ -8,11 +8,11 @@ import signal
 import pytest
 
 from errors import ConfigError
+from optim.optimizer import lr_at
 from plot import Run
 from tests.conftest import tiny_config
 from trainer.config import Config, build_config, idle_keys
 from trainer.loop import Trainer
-from trainer.optim import lr_at
 from trainer.schedules import batch_shape_at, lr_factor_at, tokens_before, tokens_per_step_at
 
 # 12 steps: rows of 16 tokens until step 3, micro-batches of 2 until step 6, then 4 x 32

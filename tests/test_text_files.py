@@ -12,8 +12,8 @@ import pytest
 import sample
 from data.loader import read_meta
 from data.sources import open_corpus
-from model.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
-from model.hf import load_dir, write_safetensors
+from interop.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
+from interop.hf import load_dir, write_safetensors
 from tests.conftest import tiny_config, tiny_model
 from trainer.config import is_run_config, load_config, run_config_toml
 from trainer.metrics import read_metrics

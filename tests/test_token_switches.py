@@ -9,9 +9,11 @@ import torch.nn.functional as F
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
+from interop.pretrained import export_model
 from model import GPT, GPTConfig, generate, left_pad
 from model.gpt import MultiTokenLoss
 from model.switches import BigramTable, SmearGate
+from optim.optimizer import build_optimizer
 from tests.conftest import tiny_config, tiny_model
 from tests.test_masks import EOT
 from tests.test_pattern_decoding import decode_with_cache, tokens
@@ -19,8 +21,6 @@ from tests.test_trainer import read_metrics, train_losses
 from tests.test_variants import test_each_variant_learns_a_batch as learns_a_batch
 from trainer.config import idle_keys, load_config
 from trainer.loop import Trainer
-from trainer.optim import build_optimizer
-from trainer.pretrained import export_model
 
 VOCAB = 50
 BLOCK = 32
@@ -239,7 +239,7 @@ def test_export_refuses_a_model_that_reads_the_previous_token_by_its_key(switche
     with pytest.raises(UserError, match=rf"^--export cannot write this model: model\.{key}="):
         export_model(model, GPT2Tokenizer(), tmp_path / "export")
     pytest.importorskip("gguf")
-    from trainer.gguf import export_gguf
+    from interop.gguf import export_gguf
 
     with pytest.raises(UserError, match=rf"^--export-gguf cannot write this model: model\.{key}="):
         export_gguf(model, GPT2Tokenizer(), tmp_path / "model.gguf", "float32", source=tmp_path)

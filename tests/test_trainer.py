@@ -11,11 +11,11 @@ import trainer.loop as loop_module
 import trainer.metrics as metrics_module
 import trainer.runtime as runtime_module
 from errors import UserError
+from optim.optimizer import build_optimizer, lr_at
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import OptimConfig, load_config
 from trainer.loop import Trainer
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, peak_flops, read_records, total_peak_flops
-from trainer.optim import build_optimizer, lr_at
 
 
 def read_metrics(run_dir):

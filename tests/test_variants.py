@@ -10,12 +10,12 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import ConfigError, UserError
+from interop.families import FAMILY_BY_TYPE
+from interop.pretrained import Pretrained, export_model, with_pretrained_shape
 from model import GPT, GPTConfig
-from model.families import FAMILY_BY_TYPE
 from tests.conftest import tiny_model
 from tests.test_kv_cache import decode_with_cache
 from trainer.config import build_config, load_config
-from trainer.pretrained import Pretrained, export_model, with_pretrained_shape
 
 VOCAB = 50
 BLOCK = 32

@@ -18,8 +18,8 @@ from data.files import atomic_open
 from data.loader import RandomWindows, check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
+from interop.families import non_finite
 from model import GPT
-from model.families import non_finite
 from trainer.config import CHECKPOINT_NAME, check_token_keys, config_from_dict
 from trainer.objective import Objective
 from trainer.runtime import check_fits_in_memory
@@ -42,7 +42,7 @@ KEY_TYPES = {
     "wandb_run_id": str,
 }
 # a LoRA run's checkpoint also holds "lora": where its frozen base came from and the base's
-# fingerprint ({"source": str, "fingerprint": str}, trainer/lora.py); its "model" holds the adapters only
+# fingerprint ({"source": str, "fingerprint": str}, finetune/lora.py); its "model" holds the adapters only
 LORA_KEYS = ("source", "fingerprint")
 TYPE_NAMES = {int: "an integer", dict: "a table", list: "a list", str: "a string"}
 
@@ -179,7 +179,7 @@ def expected_weights(cfg) -> dict[str, torch.Tensor]:
         model = GPT(cfg.model)
         if not cfg.lora.rank:
             return model.state_dict()
-        from trainer.lora import adapter_state, add_adapters  # which reads the base model through this module
+        from finetune.lora import adapter_state, add_adapters  # which reads the base model through this module
 
         add_adapters(model, cfg.lora)
         return adapter_state(model.state_dict())
@@ -227,7 +227,7 @@ def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]
     # names and shapes only, before the model is allocated
     check_weights(expected_weights(cfg), checkpoint["model"], f"the weights in {path}")
     if "lora" in checkpoint:
-        from trainer.lora import lora_model  # which reads the base model through this module
+        from finetune.lora import lora_model  # which reads the base model through this module
 
         model = lora_model(checkpoint, path, cfg.model, cfg.lora)
     else:

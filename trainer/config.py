@@ -21,8 +21,8 @@ from pathlib import Path
 
 from data.files import TEXT_ENCODING, read_text
 from errors import ConfigError
+from evals.tasks import task_specs
 from model import GPTConfig
-from trainer.tasks import task_specs
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")  # group 1: the GPU's index
 DEVICES = "auto, cpu, cuda, cuda:N, mps"

@@ -16,8 +16,26 @@ from tqdm import tqdm
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
+from evals.evaluate import (
+    EvaluationStopped,
+    TaskResult,
+    evaluate_task,
+    load_tasks,
+    metrics_record,
+    summary_lines,
+)
+from finetune.lora import adapter_state, add_adapters, base_record, base_weights, check_base
+from interop.families import non_finite
+from interop.pretrained import (
+    crop_positions,
+    from_run_checkpoint,
+    is_hub_id,
+    load_pretrained,
+    run_checkpoint,
+    with_pretrained_shape,
+)
 from model import GPT
-from model.families import non_finite
+from optim.optimizer import build_optimizer, lr_at
 from trainer.checkpoint import (
     FORMAT_VERSION,
     check_weights,
@@ -37,26 +55,8 @@ from trainer.config import (
     unfinished_schedule,
 )
 from trainer.distributed import ParallelModel, World
-from trainer.evaluate import (
-    EvaluationStopped,
-    TaskResult,
-    evaluate_task,
-    load_tasks,
-    metrics_record,
-    summary_lines,
-)
-from trainer.lora import adapter_state, add_adapters, base_record, base_weights, check_base
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
-from trainer.optim import build_optimizer, lr_at
-from trainer.pretrained import (
-    crop_positions,
-    from_run_checkpoint,
-    is_hub_id,
-    load_pretrained,
-    run_checkpoint,
-    with_pretrained_shape,
-)
 from trainer.run_dir import RunDir, check_same_kind_of_data
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.schedules import batch_shape_at, describe, lr_factor_at, tokens_before
@@ -102,7 +102,7 @@ class Trainer:
         if checkpoint is not None:  # before the vocabulary sizes, which differ too: the kind of data says why
             check_same_kind_of_data(checkpoint["dataset"], self.dataset.meta, cfg.data.dataset, self.run_dir.path)
         pretrained = None
-        # LoRA: where the frozen weights came from, and their fingerprint (trainer/lora.py)
+        # LoRA: where the frozen weights came from, and their fingerprint (finetune/lora.py)
         self.lora_base = checkpoint.get("lora") if checkpoint is not None else None
         if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
             source = load_checkpoint(run_checkpoint(train.init_from))

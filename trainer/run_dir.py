@@ -11,6 +11,7 @@ from pathlib import Path
 from data.files import FileLock, atomic_open, check_writable_dir
 from data.tokenizer import vocabulary_fingerprint
 from errors import UserError
+from evals.tasks import task_specs
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from trainer.config import (
     RUN_CONFIG_HEADER,
@@ -23,7 +24,6 @@ from trainer.config import (
 )
 from trainer.distributed import World
 from trainer.metrics import METRICS_NAME, MetricsLog, read_metrics, read_records
-from trainer.tasks import task_specs
 
 LOCK_NAME = "train.lock"  # in the run directory while a run writes to it: the pid and host of its process
 

@@ -1,5 +1,5 @@
 """Write the small evaluation task files the tests read, from the bundled Shakespeare, in every
-format trainer/tasks.py reads: the local multiple-choice, cloze and generation formats, a text file,
+format evals/tasks.py reads: the local multiple-choice, cloze and generation formats, a text file,
 and the hub's record formats of the built-in tasks. Each multiple-choice question asks which line
 follows a line of the play; the wrong endings are other lines. A generation item asks for the rest
 of a line; GSM8K's records sum a character's ducats. Deterministic: running it again writes the

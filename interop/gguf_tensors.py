@@ -20,8 +20,8 @@ import gguf
 import numpy as np
 import torch
 
-from .families import CONVERSIONS, Family, _rows, _shapes
-from .gpt import GPTConfig
+from interop.families import CONVERSIONS, Family, _rows, _shapes
+from model import GPTConfig
 
 # --dtype's names -> the GGUF type of matrices (norm weights and biases stay float32, as llama.cpp's own
 # converter writes them: its kernels multiply by a norm's weight only in float32)

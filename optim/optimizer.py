@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from optim.muon import Muon, decay_cautiously_
 from trainer.config import OptimConfig
-from trainer.muon import Muon, decay_cautiously_
 
 
 class Optimizers:

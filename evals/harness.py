@@ -1,15 +1,15 @@
 """lm-evaluation-harness on this project's models: any of its tasks, scored by our model code.
 
     pip install lm-eval            # or: pip install -e .[eval]
-    python -m trainer.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag
-    python -m trainer.harness --model gpt-trainer --model_args init_from=models/gpt2,dtype=float32 \\
+    python -m evals.harness --model gpt-trainer --model_args out_dir=out/shakespeare_gpt2 --tasks hellaswag
+    python -m evals.harness --model gpt-trainer --model_args init_from=models/gpt2,dtype=float32 \\
         --tasks arc_easy --batch_size 32
 
 The harness finds models by name only among those its own package registers, so this module
 registers ours as `gpt-trainer` and then runs the harness's command line (every lm_eval option
 works). model_args: out_dir (a run), checkpoint (a ckpt.pt) or init_from (a Hugging Face folder),
 device (default: the harness's --device, else a GPU if there is one; in model_args it wins over
---device), dtype (default float32). Log-likelihoods go through trainer/evaluate.py, which shares a
+--device), dtype (default float32). Log-likelihoods go through evals/evaluate.py, which shares a
 question's context among its endings; generation is greedy unless the task asks otherwise. A
 mistake (a run that is not there, a device this machine lacks) is one `error:` line, exit status 2.
 
@@ -33,9 +33,9 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window, simpl
 from tqdm import tqdm
 
 from errors import run_cli
+from evals.evaluate import group_pairs, score_groups
+from inference.load import load_model
 from model import generate, left_pad
-from trainer.evaluate import group_pairs, score_groups
-from trainer.loading import load_model
 from trainer.runtime import resolve_device, resolve_dtype
 
 MODEL_NAME = "gpt-trainer"

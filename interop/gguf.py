@@ -1,5 +1,5 @@
 """sample.py --export-gguf: a model and its tokenizer as one GGUF file, which llama.cpp (and Ollama,
-LM Studio) runs. The architecture and tensors are model/gguf.py's; this file adds the tokenizer and
+LM Studio) runs. The architecture and tensors are interop/gguf_tensors.py's; this file adds the tokenizer and
 writes the file (docs/shipping.md).
 
 llama.cpp's byte-level BPE ("gpt2" tokenizer model) reads GPT-2's BPE, a BPE trained by
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import gguf
 
-from data.chat import end_of_turn
+from data.conversations import end_of_turn
 from data.files import check_output_file, make_dir
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
+from interop.families import gguf_family_for, non_finite
+from interop.gguf_tensors import add_model, add_tensors, gguf_tensors, is_export
 from model import GPT
-from model.families import gguf_family_for, non_finite
-from model.gguf import add_model, add_tensors, gguf_tensors, is_export
 
 GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character

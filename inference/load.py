@@ -7,11 +7,11 @@ from pathlib import Path
 
 from data.tokenizer import Tokenizer
 from errors import UserError
+from interop.pretrained import model_from_pretrained
 from model import GPT
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
 from trainer.config import config_from_dict
 from trainer.metrics import METRICS_NAME, read_metrics
-from trainer.pretrained import model_from_pretrained
 
 RUNS_ROOT = Path("out")  # where train.py writes runs by default, and where the newest is looked for
 

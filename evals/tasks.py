@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from data.chat import messages_problem
+from data.conversations import messages_problem
 from errors import UserError
 
 
@@ -185,7 +185,7 @@ def _arc_choices_problem(value: object) -> str | None:
 
 
 def _messages_problem(value: object) -> str | None:
-    """A conversation that the model's reply continues: messages as data/chat.py checks them, the last
+    """A conversation that the model's reply continues: messages as data/conversations.py checks them, the last
     one the user's."""
     problem = messages_problem(value)
     if problem is None and value[-1]["role"] != "user":

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .gpt import GPTConfig
+from model import GPT, GPTConfig
 
 ANY = None  # a switch a family computes at every value
 
@@ -664,7 +664,6 @@ def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
 
 def _shapes(config: GPTConfig, bias: bool) -> dict[str, tuple[int, ...]]:
     """The name and shape of every weight of GPT(config) (with biases, if bias), without building it."""
-    from .gpt import GPT  # the model module imports nothing of this one; built on the meta device, it costs nothing
 
     with torch.device("meta"):
         model = GPT(GPTConfig(**{**vars(config), "bias": bias or config.bias}))

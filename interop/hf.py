@@ -14,8 +14,8 @@ import safetensors
 import safetensors.torch
 import torch
 
-from .families import Family, config_from_hf, infer_bias, state_dict_from_hf
-from .gpt import GPTConfig
+from interop.families import Family, config_from_hf, infer_bias, state_dict_from_hf
+from model import GPTConfig
 
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"

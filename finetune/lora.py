@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from data.files import atomic_open, check_output_folder, make_dir
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
+from interop.families import family_for
+from interop.hf import write_safetensors
 from model import GPT, GPTConfig
-from model.families import family_for
-from model.hf import write_safetensors
 from trainer.config import LORA_TARGETS, LoraConfig, config_from_dict
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")  # what --export-adapter writes
@@ -183,8 +183,8 @@ def base_weights(record: dict, config: GPTConfig, adapters: str) -> dict[str, to
     """The frozen weights a LoRA checkpoint was trained on, read again from record["source"] and
     shaped as at the start of its run (a vocabulary grown for chat, positions cropped); refused if
     their fingerprint is not the recorded one. adapters: the file that holds the adapters."""
+    from interop.pretrained import crop_positions, grow_vocabulary, load_pretrained, run_checkpoint
     from trainer.checkpoint import load_checkpoint  # checkpoint.py reads LoRA runs through this module
-    from trainer.pretrained import crop_positions, grow_vocabulary, load_pretrained, run_checkpoint
 
     source = record["source"]
     checkpoint_path = run_checkpoint(source)
@@ -295,8 +295,8 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
 def export_run_adapter(source: str | Path, directory: Path) -> str:
     """sample.py --export-adapter: write the adapters of the run in source (a run directory or its
     ckpt.pt) to directory; returns the line that says what was written."""
+    from interop.pretrained import run_checkpoint
     from trainer.checkpoint import load_checkpoint
-    from trainer.pretrained import run_checkpoint
 
     path = run_checkpoint(str(source))
     if path is None:

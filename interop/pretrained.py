@@ -1,6 +1,6 @@
 """Hugging Face model folders for training and sampling: load one (or a hub id, through the
 Hugging Face cache) to fine-tune or sample from, export a trained model to one. Which family a
-model belongs to is model/families.py's table; the files are read and written by model/hf.py."""
+model belongs to is interop/families.py's table; the files are read and written by interop/hf.py."""
 
 import dataclasses
 import json
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import torch
 
-from data.chat import end_of_turn, folder_template
+from data.conversations import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, make_dir
 from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
+from interop.families import Family, family_for, hf_config, non_finite, tensors_to_hf
+from interop.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from model import GPT, GPTConfig
-from model.families import Family, family_for, hf_config, non_finite, tensors_to_hf
-from model.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from trainer.config import CHECKPOINT_NAME, Config
 
 TOKENIZER_NAME = "tokenizer.json"

@@ -1,7 +1,7 @@
 """Talking to a model fine-tuned on conversations: sample.py --chat (docs/chat.md, "Talking to it").
 
 Each turn, the conversation so far (the --system message, then the user's and the model's turns)
-goes through the model's chat template with the generation prompt (data/chat.py's render_prompt,
+goes through the model's chat template with the generation prompt (data/conversations.py's render_prompt,
 as eval.py renders its generation items), and the reply is streamed until the template's end-of-turn
 token (or the end-of-text token, or max_new_tokens); other special tokens a model writes inside a
 reply (a template's markup) are not shown, as transformers' decode(skip_special_tokens=True) leaves
@@ -25,7 +25,7 @@ from typing import TextIO
 
 import torch
 
-from data.chat import end_of_turn, render_prompt
+from data.conversations import end_of_turn, render_prompt
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError
 from model import GPT, generate

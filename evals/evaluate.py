@@ -1,4 +1,4 @@
-"""Scoring a model on evaluation tasks (trainer/tasks.py): multiple choice, cloze, generation, perplexity.
+"""Scoring a model on evaluation tasks (evals/tasks.py): multiple choice, cloze, generation, perplexity.
 
 A continuation's score is the sum of the log-probabilities of its tokens given the context, computed
 as lm-evaluation-harness does it, so that the figures compare with published ones:
@@ -46,12 +46,12 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from data.chat import end_of_turn, render_prompt
+from data.conversations import end_of_turn, render_prompt
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import UserError
+from evals.tasks import Item, Question, Task, load_task
 from model import GPT
 from model.generate import generate, left_pad
-from trainer.tasks import Item, Question, Task, load_task
 
 LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
 StopCheck = Callable[[], bool] | None  # asked after every batch: True abandons the evaluation
@@ -148,7 +148,7 @@ def encode_items(tokenizer: Tokenizer, items: list[Item], block_size: int) -> li
 
 def prompt_for(tokenizer: Tokenizer, item: Question) -> Prompt:
     """The one place where a generation item becomes tokens. With a chat template, the item's messages
-    (a plain prompt as one user turn) are rendered with the generation prompt (data/chat.py's
+    (a plain prompt as one user turn) are rendered with the generation prompt (data/conversations.py's
     render_prompt, as sample.py --chat renders a turn), and a reply ends at the end of its turn. Without
     one, a plain prompt is encoded as it is (no end-of-text token before it, as the scored tasks'
     contexts), and a reply ends at the end-of-text token."""
@@ -495,7 +495,7 @@ def evaluate_task(
 def load_tasks(
     specs: list[str], limit: int | None, tokenizer: Tokenizer, block_size: int, max_new_tokens: int | None = None
 ) -> list[Task]:
-    """The tasks named (see trainer/tasks.py), each item read, checked and encoded once before any is
+    """The tasks named (see evals/tasks.py), each item read, checked and encoded once before any is
     scored: a bad one ends the run before the model's time is spent on the rest. max_new_tokens, if
     given, replaces each generation task's own."""
     tasks = [load_task(spec, limit, max_new_tokens) for spec in specs]

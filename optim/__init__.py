@@ -1,0 +1,1 @@
+"""The optimizers (AdamW, Muon, NorMuon) and the learning-rate schedule."""
