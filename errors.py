@@ -7,6 +7,7 @@ import errno
 import importlib.util
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -134,8 +135,14 @@ def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sy
     exit(status)
 
 
-# the top-level modules of this checkout
-PROJECT_MODULES = ("bench", "data", "errors", "eval", "model", "plot", "sample", "tests", "train", "trainer")
+# the top-level modules of this checkout: its commands and the folders of Python files beside them
+PROJECT_MODULES = tuple(
+    sorted(
+        path.stem
+        for path in Path(__file__).resolve().parent.iterdir()
+        if path.suffix == ".py" or (path.is_dir() and any(path.glob("*.py")))
+    )
+)
 # third-party modules whose package has another name, and those that come with one of pyproject.toml's
 # optional extras rather than with the dependencies
 PIP_NAMES = {"lm_eval": "lm-eval", "llama_cpp": "llama-cpp-python"}
