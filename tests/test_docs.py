@@ -140,10 +140,8 @@ NOT_RUN = {
     "python bench/val.py out/r4 ...": "the other runs of its table are to be named",
     "python bench/val.py out/r5 ...": "the other runs of its table are to be named",
     "OMP_NUM_THREADS=1 python bench/train.py ...": "the options of the command above it are to be repeated",
-    "python bench/eval.py": EVAL_BENCH,
     "python bench/eval.py --repeat 1 --runs 5": EVAL_BENCH,
     # the ablation: whole quickstart-sized trainings of every variant per seed, and what reads their runs
-    "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338": ABLATION,
     "python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 --jobs 2": ABLATION,
     'python bench/ablation.py --out-dir out/ablation --seeds 1339 1340 1341 --only "quickstart (all)"': ABLATION,
     'python bench/ablation.py --out-dir out/ablation --seeds 1337 1338 1339 1340 1341 --only "quickstart (all)"': ABLATION,
@@ -159,13 +157,11 @@ NOT_RUN = {
 
 NANOGPT = "needs a checkout of nanoGPT (tests/test_entry_points.py drives bench/speedrun.py with a stand-in)"
 NOT_RUN |= {
-    "python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char.toml": NANOGPT,
     "python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char_speedrun.toml --repeats 3": NANOGPT,
-    "python bench/step_profile.py --nanogpt ~/nanoGPT": NANOGPT,
     "python bench/step_profile.py --nanogpt ~/nanoGPT --config configs/shakespeare_char_gpt2.toml --rounds 10 --ops 12": NANOGPT,
 }
 
-# The Gram form against the direct one (docs/benchmarks.md, Muon on a CPU): 80 timed runs on two
+# The Gram form against the direct one (docs/benchmarks-history.md, Muon on a CPU): 80 timed runs on two
 # threads, tens of seconds on a CPU shared with other work.
 NOT_RUN[
     """python -c "
