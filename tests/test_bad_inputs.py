@@ -315,10 +315,15 @@ def chat_dataset_of_the_run(workspace: Path) -> None:
                  block_size=32, val_fraction=0.3)  # fmt: skip
 
 
-def lora_run_on_a_changed_base(workspace: Path) -> None:
-    """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
+def lora_run(workspace: Path) -> None:
+    """out/lora: LoRA adapters of rank 2 trained on out/tiny."""
     Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
                         lora__rank=2)).fit()  # fmt: skip
+
+
+def lora_run_on_a_changed_base(workspace: Path) -> None:
+    """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
+    lora_run(workspace)
     edit_checkpoint(set_value("transformer.ln_f.weight", 0.5))(workspace)
 
 
@@ -577,6 +582,7 @@ CATALOGUE = [
     Case("lora-rank-above-width", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=64"], "lora.rank=64 is above the width of q_proj (32 x 32 in block 0)"),
     Case("lora-target-not-a-projection", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=qkv"], "lora.targets='qkv' names 'qkv': give one or more of q_proj, k_proj"),
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
+    Case("resume-lora-with-another-alpha", "train.py", ["--config", "out/lora/config.toml", "--train.init_from=resume", "--lora.alpha=32"], "lora.alpha=32.0 but the run in out/lora was trained with 16.0, which a resumed run cannot change", lora_run),
     Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
     Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),
     Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),

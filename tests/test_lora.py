@@ -1,14 +1,16 @@
 """LoRA: adapters beside frozen weights, their checkpoints, merging, and the PEFT and merged exports."""
 
 import json
+import re
+import shutil
 
 import pytest
 import torch
 
 from errors import UserError
-from tests.conftest import run_script, tiny_config, tiny_model
+from tests.conftest import run_script, snapshot, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.config import LoraConfig
+from trainer.config import LoraConfig, load_config
 from trainer.loop import Trainer
 from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
 from trainer.pretrained import export_model
@@ -103,6 +105,39 @@ def test_lora_resumed_run_matches_an_uninterrupted_one(tmp_path, data_dir, base)
     assert resumed.step == 4
     resumed.fit()
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
+
+
+def resumed(run, tmp_path, *overrides):
+    """The config that resumes a copy of run (in tmp_path) with overrides, as its config.toml reads."""
+    copy = shutil.copytree(run, tmp_path / "run")
+    return copy, load_config(str(copy / "config.toml"), ["--train.init_from=resume", *overrides])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--lora.alpha=32", "lora.alpha=32.0 but the run in {run} was trained with 16.0, which a resumed run cannot"),
+        ("--lora.rank=2", "lora.rank=2 but the run in {run} was trained with 4"),
+        ("--lora.targets=q_proj", "lora.targets='q_proj' but the run in {run} was trained with"),
+    ],
+)
+def test_a_lora_run_resumed_with_adapters_that_compute_otherwise_is_refused_naming_the_key(
+    override, message, lora_run, tmp_path
+):
+    run, cfg = resumed(lora_run, tmp_path, override)
+    before = snapshot(run)
+    with pytest.raises(UserError, match=re.escape(message.format(run=run))):
+        Trainer(cfg)
+    assert snapshot(run) == before
+
+
+def test_a_lora_run_resumes_with_another_dropout_or_base_dtype(lora_run, tmp_path):
+    """Dropout and the frozen weights' dtype act only while training: what the checkpoint computes is the same."""
+    _, cfg = resumed(lora_run, tmp_path, "--lora.dropout=0.1", "--model.dropout=0.1", "--lora.base_dtype=bfloat16",
+                     "--train.dtype=bfloat16", "--train.max_iters=8")  # fmt: skip
+    trainer = Trainer(cfg)
+    assert trainer.step == 6 and trainer.cfg.lora.dropout == 0.1
+    assert trainer.fit() is None
 
 
 def test_a_changed_base_is_refused(tmp_path, data_dir, base):
