@@ -582,6 +582,7 @@ CATALOGUE = [
     Case("lora-rank-above-width", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=64"], "lora.rank=64 is above the width of q_proj (32 x 32 in block 0)"),
     Case("lora-target-not-a-projection", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=qkv"], "lora.targets='qkv' names 'qkv': give one or more of q_proj, k_proj"),
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
+    Case("lora-alpha-beyond-its-range", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.alpha=1e30"], "lora.alpha=1e+30 is outside the accepted range (0, 2000] for lora.rank=2 and optim.learning_rate=0.001"),
     Case("resume-lora-with-another-alpha", "train.py", ["--config", "out/lora/config.toml", "--train.init_from=resume", "--lora.alpha=32"], "lora.alpha=32.0 but the run in out/lora was trained with 16.0, which a resumed run cannot change", lora_run),
     Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
     Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),

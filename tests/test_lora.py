@@ -7,7 +7,7 @@ import shutil
 import pytest
 import torch
 
-from errors import UserError
+from errors import ConfigError, UserError
 from tests.conftest import run_script, snapshot, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import LoraConfig, load_config
@@ -138,6 +138,22 @@ def test_a_lora_run_resumes_with_another_dropout_or_base_dtype(lora_run, tmp_pat
     trainer = Trainer(cfg)
     assert trainer.step == 6 and trainer.cfg.lora.dropout == 0.1
     assert trainer.fit() is None
+
+
+def test_an_adapter_scale_that_throws_the_weights_away_is_refused(tmp_path, data_dir):
+    """alpha / rank multiplies every step of the adapters: at alpha=1e30 their gradients' squares overflow
+    float32, each step of B is zero and nothing trains; at any alpha / rank * learning_rate above 1 a
+    step moves the model as no learning rate this trainer accepts would."""
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "lora.alpha=1e+30 is outside the accepted range (0, 400] for lora.rank=4 and optim.learning_rate=0.01"
+        ),
+    ):
+        lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=1e30)
+    with pytest.raises(ConfigError, match=re.escape("(0, 200] for lora.rank=4 and optim.muon_lr=0.02")):
+        lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=201.0, optim__optimizer="muon")
+    assert lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=400.0).lora.alpha == 400.0
 
 
 def test_a_changed_base_is_refused(tmp_path, data_dir, base):
