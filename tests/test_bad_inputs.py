@@ -327,6 +327,12 @@ def lora_run_on_a_changed_base(workspace: Path) -> None:
     edit_checkpoint(set_value("transformer.ln_f.weight", 0.5))(workspace)
 
 
+def lora_run_and_a_model_folder(workspace: Path) -> None:
+    """out/lora, and models/base: the folder of a Hugging Face model (its config and weights)."""
+    lora_run(workspace)
+    write_files("models/base/config.json", "models/base/model.safetensors")(workspace)
+
+
 CATALOGUE = [
     # config files and overrides
     Case("toml-syntax", "train.py", ["--config", "bad.toml"], "is not valid TOML", write("bad.toml", "[model]\nn_layer = = 2\n")),
@@ -479,6 +485,7 @@ CATALOGUE = [
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
+    Case("export-adapter-into-a-model-folder", "sample.py", ["--out-dir", "out/lora", "--export-adapter", "models/base"], "--export-adapter='models/base' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", lora_run_and_a_model_folder),
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
     Case("prepare-over-a-foreign-tokenizer", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "300", "--out", "nano"], "nano holds tokenizer.json but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/tokenizer.json", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),

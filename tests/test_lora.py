@@ -13,7 +13,7 @@ from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.config import LoraConfig, load_config
 from trainer.loop import Trainer
 from trainer.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
-from trainer.pretrained import export_model
+from trainer.pretrained import check_export_folder, export_model
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 # a Qwen3-shaped tiny model: rotary positions, RMSNorm, QK-norm, SwiGLU, grouped-query attention, untied head
@@ -223,3 +223,20 @@ def test_a_bfloat16_base_keeps_float32_adapters_and_trains(tmp_path, data_dir, b
     assert trainer.fit() is None
     assert any(not torch.equal(b, p) for b, p in zip(before, trained, strict=True))
     assert all(torch.isfinite(p).all() for p in trained)
+
+
+def test_export_adapter_refuses_a_model_folder_and_leaves_it_as_it_was(lora_run, base, tmp_path):
+    """An adapter_config.json beside a model's weights makes transformers load that folder as the model
+    with the adapter applied, while this trainer loads the model alone."""
+    folder = shutil.copytree(base / "hf", tmp_path / "hf")
+    before = snapshot(folder)
+    with pytest.raises(UserError, match=re.escape(f"--export-adapter={str(folder)!r} already holds config.json")):
+        export_run_adapter(lora_run, folder)
+    assert snapshot(folder) == before
+
+
+def test_export_refuses_a_folder_holding_an_adapter(tmp_path):
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError, match="already holds adapter_config.json"):
+        check_export_folder(tmp_path / "adapter")

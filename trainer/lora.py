@@ -27,15 +27,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.files import atomic_open, check_output_folder, make_dir
+from data.files import atomic_open, make_dir
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
 from model.families import family_for
 from model.hf import write_safetensors
 from trainer.config import LORA_TARGETS, LoraConfig, config_from_dict
+from trainer.pretrained import (
+    ADAPTER_CONFIG_NAME,
+    check_export_folder,
+    crop_positions,
+    grow_vocabulary,
+    load_pretrained,
+    run_checkpoint,
+)
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")  # what --export-adapter writes
+ADAPTER_FILES = ("adapter_model.safetensors", ADAPTER_CONFIG_NAME)  # what --export-adapter writes
 # our linear layers in each block and the projections they hold, in row order
 LAYERS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
@@ -184,7 +192,6 @@ def base_weights(record: dict, config: GPTConfig, adapters: str) -> dict[str, to
     shaped as at the start of its run (a vocabulary grown for chat, positions cropped); refused if
     their fingerprint is not the recorded one. adapters: the file that holds the adapters."""
     from trainer.checkpoint import load_checkpoint  # checkpoint.py reads LoRA runs through this module
-    from trainer.pretrained import crop_positions, grow_vocabulary, load_pretrained, run_checkpoint
 
     source = record["source"]
     checkpoint_path = run_checkpoint(source)
@@ -241,7 +248,7 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
             f"--export-adapter: {path} holds a full fine-tune or a model trained from scratch, not LoRA adapters "
             f"(train with lora.rank above 0, or write the whole model with --export DIR)"
         )
-    check_output_folder(directory, "--export-adapter", list(ADAPTER_FILES))
+    check_export_folder(directory, "--export-adapter", ADAPTER_FILES)  # not a model's folder: it would load both
     cfg = config_from_dict(checkpoint["config"], source=str(path))
     base_weights(checkpoint["lora"], cfg.model, str(path))  # the adapters fit the base the folder will name
     try:
@@ -296,7 +303,6 @@ def export_run_adapter(source: str | Path, directory: Path) -> str:
     """sample.py --export-adapter: write the adapters of the run in source (a run directory or its
     ckpt.pt) to directory; returns the line that says what was written."""
     from trainer.checkpoint import load_checkpoint
-    from trainer.pretrained import run_checkpoint
 
     path = run_checkpoint(str(source))
     if path is None:
