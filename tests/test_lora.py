@@ -3,6 +3,7 @@
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,7 +186,7 @@ def test_peft_loads_the_exported_adapter_onto_the_base_with_our_logits(lora_run,
     peft = pytest.importorskip("peft")
     export_run_adapter(lora_run, tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((base / "hf").resolve())
+    assert config["base_model_name_or_path"] == str(base / "hf")
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
     theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
     ours, tokenizer = model_from_checkpoint(load_checkpoint(lora_run / "ckpt.pt"), lora_run / "ckpt.pt")
@@ -223,6 +224,29 @@ def test_a_bfloat16_base_keeps_float32_adapters_and_trains(tmp_path, data_dir, b
     assert trainer.fit() is None
     assert any(not torch.equal(b, p) for b, p in zip(before, trained, strict=True))
     assert all(torch.isfinite(p).all() for p in trained)
+
+
+def test_an_exported_adapter_names_its_base_as_given_and_loads_in_peft_where_both_have_moved(
+    base, data_dir, tmp_path, monkeypatch
+):
+    """adapter_config.json records the base as train.init_from gave it (here a relative path), not as an
+    absolute path of the machine it was made on: the adapter and its base, moved together, still load."""
+    peft = pytest.importorskip("peft")
+    project = tmp_path / "project"
+    shutil.copytree(base / "hf", project / "models" / "base")
+    monkeypatch.chdir(project)
+    Trainer(lora_config(Path("out/lora"), data_dir, "models/base")).fit()
+    export_run_adapter("out/lora", Path("adapter"))
+    assert json.loads(Path("adapter/adapter_config.json").read_text())["base_model_name_or_path"] == "models/base"
+    ours, tokenizer = model_from_checkpoint(load_checkpoint(Path("out/lora/ckpt.pt")), Path("out/lora/ckpt.pt"))
+    x = torch.randint(0, tokenizer.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(x, x)[0]
+    project.rename(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained("adapter").eval()  # the base read from the config
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, expected, rtol=1e-4, atol=1e-4)
 
 
 def test_export_adapter_refuses_a_model_folder_and_leaves_it_as_it_was(lora_run, base, tmp_path):

@@ -13,9 +13,10 @@ rows, exactly the adapters PEFT puts on the separate layers of a Hugging Face mo
 exported adapter computes what ours computes. `merge_adapters` folds them into the weights
 (W + scale * B @ A per projection) and gives back plain nn.Linear layers.
 
-A LoRA run's checkpoint holds the adapters only, and `base`: where the frozen weights came from and
+A LoRA run's checkpoint holds the adapters only, and `lora`: where the frozen weights came from and
 a fingerprint of them (sha256 over the tensors' names, dtypes, shapes and bytes, in name order), so
-a base that changed since is refused rather than silently combined with adapters trained on another.
+a base that changed since is refused rather than silently combined with adapters trained on another,
+and the base's name as the run was given it, which an exported adapter records.
 """
 
 import hashlib
@@ -182,9 +183,11 @@ def fingerprint(state: dict[str, torch.Tensor]) -> str:
 
 def base_record(source: str, state: dict[str, torch.Tensor]) -> dict:
     """What a LoRA checkpoint says of its base: where it came from (a local path made absolute, so a
-    run resumed or sampled from elsewhere finds it) and its fingerprint."""
+    run resumed or sampled from elsewhere finds it), its fingerprint, and its name as train.init_from
+    gave it (a hub id, or a path as typed), which an exported adapter names: an absolute path would
+    hold only on the machine it was made on."""
     where = str(Path(source).resolve()) if Path(source).exists() else source
-    return {"source": where, "fingerprint": fingerprint(state)}
+    return {"source": where, "fingerprint": fingerprint(state), "name": source}
 
 
 def base_weights(record: dict, config: GPTConfig, adapters: str) -> dict[str, torch.Tensor]:
@@ -280,7 +283,8 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": checkpoint["lora"]["source"],
+        # the base as the run was given it (a checkpoint without "name" holds its absolute path only)
+        "base_model_name_or_path": checkpoint["lora"].get("name", checkpoint["lora"]["source"]),
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
