@@ -96,7 +96,8 @@ def parse_args() -> argparse.Namespace:
         "--export-adapter",
         metavar="DIR",
         help="write the LoRA adapters of the run to DIR as a PEFT folder (adapter_config.json, "
-        "adapter_model.safetensors) for its Hugging Face base model, and sample nothing (docs/finetuning.md)",
+        "adapter_model.safetensors) for its Hugging Face base model, and sample nothing; DIR is new or holds no "
+        "model or adapter (docs/finetuning.md)",
     )
     parser.add_argument(
         "--chat",

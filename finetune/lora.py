@@ -13,9 +13,10 @@ rows, exactly the adapters PEFT puts on the separate layers of a Hugging Face mo
 exported adapter computes what ours computes. `merge_adapters` folds them into the weights
 (W + scale * B @ A per projection) and gives back plain nn.Linear layers.
 
-A LoRA run's checkpoint holds the adapters only, and `base`: where the frozen weights came from and
+A LoRA run's checkpoint holds the adapters only, and `lora`: where the frozen weights came from and
 a fingerprint of them (sha256 over the tensors' names, dtypes, shapes and bytes, in name order), so
-a base that changed since is refused rather than silently combined with adapters trained on another.
+a base that changed since is refused rather than silently combined with adapters trained on another,
+and the base's name as the run was given it, which an exported adapter records.
 """
 
 import hashlib
@@ -27,15 +28,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.files import atomic_open, check_output_folder, make_dir
+from data.files import atomic_open, make_dir
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 from interop.families import family_for
 from interop.hf import write_safetensors
+from interop.pretrained import (
+    ADAPTER_CONFIG_NAME,
+    check_export_folder,
+    crop_positions,
+    grow_vocabulary,
+    load_pretrained,
+    run_checkpoint,
+)
 from model import GPT, GPTConfig
 from trainer.config import LORA_TARGETS, LoraConfig, config_from_dict
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")  # what --export-adapter writes
+ADAPTER_FILES = ("adapter_model.safetensors", ADAPTER_CONFIG_NAME)  # what --export-adapter writes
 # our linear layers in each block and the projections they hold, in row order
 LAYERS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 
@@ -174,16 +183,17 @@ def fingerprint(state: dict[str, torch.Tensor]) -> str:
 
 def base_record(source: str, state: dict[str, torch.Tensor]) -> dict:
     """What a LoRA checkpoint says of its base: where it came from (a local path made absolute, so a
-    run resumed or sampled from elsewhere finds it) and its fingerprint."""
+    run resumed or sampled from elsewhere finds it), its fingerprint, and its name as train.init_from
+    gave it (a hub id, or a path as typed), which an exported adapter names: an absolute path would
+    hold only on the machine it was made on."""
     where = str(Path(source).resolve()) if Path(source).exists() else source
-    return {"source": where, "fingerprint": fingerprint(state)}
+    return {"source": where, "fingerprint": fingerprint(state), "name": source}
 
 
 def base_weights(record: dict, config: GPTConfig, adapters: str) -> dict[str, torch.Tensor]:
     """The frozen weights a LoRA checkpoint was trained on, read again from record["source"] and
     shaped as at the start of its run (a vocabulary grown for chat, positions cropped); refused if
     their fingerprint is not the recorded one. adapters: the file that holds the adapters."""
-    from interop.pretrained import crop_positions, grow_vocabulary, load_pretrained, run_checkpoint
     from trainer.checkpoint import load_checkpoint  # checkpoint.py reads LoRA runs through this module
 
     source = record["source"]
@@ -241,7 +251,7 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
             f"--export-adapter: {path} holds a full fine-tune or a model trained from scratch, not LoRA adapters "
             f"(train with lora.rank above 0, or write the whole model with --export DIR)"
         )
-    check_output_folder(directory, "--export-adapter", list(ADAPTER_FILES))
+    check_export_folder(directory, "--export-adapter", ADAPTER_FILES)  # not a model's folder: it would load both
     cfg = config_from_dict(checkpoint["config"], source=str(path))
     base_weights(checkpoint["lora"], cfg.model, str(path))  # the adapters fit the base the folder will name
     try:
@@ -273,7 +283,8 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
     config = {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
-        "base_model_name_or_path": checkpoint["lora"]["source"],
+        # the base as the run was given it (a checkpoint without "name" holds its absolute path only)
+        "base_model_name_or_path": checkpoint["lora"].get("name", checkpoint["lora"]["source"]),
         "r": lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
@@ -295,7 +306,6 @@ def export_adapter(checkpoint: dict, path: Path, directory: Path) -> str:
 def export_run_adapter(source: str | Path, directory: Path) -> str:
     """sample.py --export-adapter: write the adapters of the run in source (a run directory or its
     ckpt.pt) to directory; returns the line that says what was written."""
-    from interop.pretrained import run_checkpoint
     from trainer.checkpoint import load_checkpoint
 
     path = run_checkpoint(str(source))

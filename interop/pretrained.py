@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pickle
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -21,6 +22,8 @@ from trainer.config import CHECKPOINT_NAME, Config
 
 TOKENIZER_NAME = "tokenizer.json"
 GENERATION_CONFIG_NAME = "generation_config.json"  # a chat model's: where transformers' generate stops
+# a PEFT adapter's config: transformers loads a folder holding it as its base model with the adapter applied
+ADAPTER_CONFIG_NAME = "adapter_config.json"
 # what --export writes (a model without a chat template: all but generation_config.json)
 EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", GENERATION_CONFIG_NAME, "config.json")
 # what a hub download fetches: the files this project reads (not other formats' weights)
@@ -211,10 +214,11 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     return family
 
 
-def check_export_folder(directory: Path) -> None:
-    """Refuse, before the model is even loaded, an --export folder that holds any file the export
-    writes, or another model's weights, which ours would be mixed with."""
-    check_output_folder(directory, "--export", [*EXPORT_FILES, *_model_files(directory)])
+def check_export_folder(directory: Path, key: str = "--export", writes: Iterable[str] = EXPORT_FILES) -> None:
+    """Refuse, before the model is even loaded, an export folder (named by the option key) that holds any
+    file the export writes, or another model's or adapter's files, which ours would be mixed with: a
+    model folder that gains an adapter_config.json loads in transformers as that model with the adapter."""
+    check_output_folder(directory, key, [*writes, *_model_files(directory)])
 
 
 def tokenizer_config(tokenizer: Tokenizer) -> dict:
@@ -241,11 +245,11 @@ def generation_config(tokenizer: Tokenizer, block_size: int) -> dict:
 
 
 def _model_files(directory: Path) -> list[str]:
-    """The files of a Hugging Face model in directory: its config, weights and tokenizer."""
+    """The files of a Hugging Face model or PEFT adapter in directory: its config, weights and tokenizer."""
     if not directory.is_dir():
         return []
     weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
-    names = ("config.json", TOKENIZER_NAME)
+    names = ("config.json", TOKENIZER_NAME, ADAPTER_CONFIG_NAME)
     return sorted(p.name for p in directory.iterdir() if p.name in names or p.name.endswith(weights))
 
 

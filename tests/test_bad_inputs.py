@@ -315,11 +315,22 @@ def chat_dataset_of_the_run(workspace: Path) -> None:
                  block_size=32, val_fraction=0.3)  # fmt: skip
 
 
-def lora_run_on_a_changed_base(workspace: Path) -> None:
-    """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
+def lora_run(workspace: Path) -> None:
+    """out/lora: LoRA adapters of rank 2 trained on out/tiny."""
     Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
                         lora__rank=2)).fit()  # fmt: skip
+
+
+def lora_run_on_a_changed_base(workspace: Path) -> None:
+    """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
+    lora_run(workspace)
     edit_checkpoint(set_value("transformer.ln_f.weight", 0.5))(workspace)
+
+
+def lora_run_and_a_model_folder(workspace: Path) -> None:
+    """out/lora, and models/base: the folder of a Hugging Face model (its config and weights)."""
+    lora_run(workspace)
+    write_files("models/base/config.json", "models/base/model.safetensors")(workspace)
 
 
 CATALOGUE = [
@@ -474,6 +485,7 @@ CATALOGUE = [
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
+    Case("export-adapter-into-a-model-folder", "sample.py", ["--out-dir", "out/lora", "--export-adapter", "models/base"], "--export-adapter='models/base' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", lora_run_and_a_model_folder),
     Case("prepare-over-foreign-data", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "char", "--out", "nano"], "nano holds train.bin but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/train.bin", "nano/meta.pkl", "corpus.txt")),
     Case("prepare-over-a-foreign-tokenizer", "data/prepare.py", ["--dataset", "corpus.txt", "--tokenizer", "bpe", "--vocab-size", "300", "--out", "nano"], "nano holds tokenizer.json but no meta.json: not a dataset prepared by data/prepare.py", write_files("nano/tokenizer.json", "corpus.txt")),
     Case("bundled-over-foreign-data", "train.py", [*TRAIN, "--data.data_dir=nano"], "nano/shakespeare_char holds train.bin and val.bin but no meta.json", write_files("nano/shakespeare_char/train.bin", "nano/shakespeare_char/val.bin")),
@@ -577,6 +589,8 @@ CATALOGUE = [
     Case("lora-rank-above-width", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=64"], "lora.rank=64 is above the width of q_proj (32 x 32 in block 0)"),
     Case("lora-target-not-a-projection", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=qkv"], "lora.targets='qkv' names 'qkv': give one or more of q_proj, k_proj"),
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
+    Case("lora-alpha-beyond-its-range", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.alpha=1e30"], "lora.alpha=1e+30 is outside the accepted range (0, 2000] for lora.rank=2 and optim.learning_rate=0.001"),
+    Case("resume-lora-with-another-alpha", "train.py", ["--config", "out/lora/config.toml", "--train.init_from=resume", "--lora.alpha=32"], "lora.alpha=32.0 but the run in out/lora was trained with 16.0, which a resumed run cannot change", lora_run),
     Case("lora-base-changed", "sample.py", ["--out-dir", "out/lora"], "has changed since the adapters in out/lora/ckpt.pt were trained on it", lora_run_on_a_changed_base),
     Case("export-adapter-of-a-full-run", "sample.py", ["--out-dir", "out/tiny", "--export-adapter", "adapter"], "out/tiny/ckpt.pt holds a full fine-tune or a model trained from scratch, not LoRA adapters"),
     Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),

@@ -1,16 +1,19 @@
 """LoRA: adapters beside frozen weights, their checkpoints, merging, and the PEFT and merged exports."""
 
 import json
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
-from errors import UserError
+from errors import ConfigError, UserError
 from finetune.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
-from interop.pretrained import export_model
-from tests.conftest import run_script, tiny_config, tiny_model
+from interop.pretrained import check_export_folder, export_model
+from tests.conftest import run_script, snapshot, tiny_config, tiny_model
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
-from trainer.config import LoraConfig
+from trainer.config import LoraConfig, load_config
 from trainer.loop import Trainer
 
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -105,6 +108,55 @@ def test_lora_resumed_run_matches_an_uninterrupted_one(tmp_path, data_dir, base)
     assert train_losses(tmp_path / "split") == train_losses(tmp_path / "whole")
 
 
+def resumed(run, tmp_path, *overrides):
+    """The config that resumes a copy of run (in tmp_path) with overrides, as its config.toml reads."""
+    copy = shutil.copytree(run, tmp_path / "run")
+    return copy, load_config(str(copy / "config.toml"), ["--train.init_from=resume", *overrides])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("--lora.alpha=32", "lora.alpha=32.0 but the run in {run} was trained with 16.0, which a resumed run cannot"),
+        ("--lora.rank=2", "lora.rank=2 but the run in {run} was trained with 4"),
+        ("--lora.targets=q_proj", "lora.targets='q_proj' but the run in {run} was trained with"),
+    ],
+)
+def test_a_lora_run_resumed_with_adapters_that_compute_otherwise_is_refused_naming_the_key(
+    override, message, lora_run, tmp_path
+):
+    run, cfg = resumed(lora_run, tmp_path, override)
+    before = snapshot(run)
+    with pytest.raises(UserError, match=re.escape(message.format(run=run))):
+        Trainer(cfg)
+    assert snapshot(run) == before
+
+
+def test_a_lora_run_resumes_with_another_dropout_or_base_dtype(lora_run, tmp_path):
+    """Dropout and the frozen weights' dtype act only while training: what the checkpoint computes is the same."""
+    _, cfg = resumed(lora_run, tmp_path, "--lora.dropout=0.1", "--model.dropout=0.1", "--lora.base_dtype=bfloat16",
+                     "--train.dtype=bfloat16", "--train.max_iters=8")  # fmt: skip
+    trainer = Trainer(cfg)
+    assert trainer.step == 6 and trainer.cfg.lora.dropout == 0.1
+    assert trainer.fit() is None
+
+
+def test_an_adapter_scale_that_throws_the_weights_away_is_refused(tmp_path, data_dir):
+    """alpha / rank multiplies every step of the adapters: at alpha=1e30 their gradients' squares overflow
+    float32, each step of B is zero and nothing trains; at any alpha / rank * learning_rate above 1 a
+    step moves the model as no learning rate this trainer accepts would."""
+    with pytest.raises(
+        ConfigError,
+        match=re.escape(
+            "lora.alpha=1e+30 is outside the accepted range (0, 400] for lora.rank=4 and optim.learning_rate=0.01"
+        ),
+    ):
+        lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=1e30)
+    with pytest.raises(ConfigError, match=re.escape("(0, 200] for lora.rank=4 and optim.muon_lr=0.02")):
+        lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=201.0, optim__optimizer="muon")
+    assert lora_config(tmp_path / "run", data_dir, "models/base", lora__alpha=400.0).lora.alpha == 400.0
+
+
 def test_a_changed_base_is_refused(tmp_path, data_dir, base):
     import shutil
 
@@ -134,7 +186,7 @@ def test_peft_loads_the_exported_adapter_onto_the_base_with_our_logits(lora_run,
     peft = pytest.importorskip("peft")
     export_run_adapter(lora_run, tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
-    assert config["base_model_name_or_path"] == str((base / "hf").resolve())
+    assert config["base_model_name_or_path"] == str(base / "hf")
     hf_base = transformers.AutoModelForCausalLM.from_pretrained(config["base_model_name_or_path"])
     theirs = peft.PeftModel.from_pretrained(hf_base, tmp_path / "adapter").eval()
     ours, tokenizer = model_from_checkpoint(load_checkpoint(lora_run / "ckpt.pt"), lora_run / "ckpt.pt")
@@ -172,3 +224,43 @@ def test_a_bfloat16_base_keeps_float32_adapters_and_trains(tmp_path, data_dir, b
     assert trainer.fit() is None
     assert any(not torch.equal(b, p) for b, p in zip(before, trained, strict=True))
     assert all(torch.isfinite(p).all() for p in trained)
+
+
+def test_an_exported_adapter_names_its_base_as_given_and_loads_in_peft_where_both_have_moved(
+    base, data_dir, tmp_path, monkeypatch
+):
+    """adapter_config.json records the base as train.init_from gave it (here a relative path), not as an
+    absolute path of the machine it was made on: the adapter and its base, moved together, still load."""
+    peft = pytest.importorskip("peft")
+    project = tmp_path / "project"
+    shutil.copytree(base / "hf", project / "models" / "base")
+    monkeypatch.chdir(project)
+    Trainer(lora_config(Path("out/lora"), data_dir, "models/base")).fit()
+    export_run_adapter("out/lora", Path("adapter"))
+    assert json.loads(Path("adapter/adapter_config.json").read_text())["base_model_name_or_path"] == "models/base"
+    ours, tokenizer = model_from_checkpoint(load_checkpoint(Path("out/lora/ckpt.pt")), Path("out/lora/ckpt.pt"))
+    x = torch.randint(0, tokenizer.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = ours(x, x)[0]
+    project.rename(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    theirs = peft.AutoPeftModelForCausalLM.from_pretrained("adapter").eval()  # the base read from the config
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(x).logits, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_export_adapter_refuses_a_model_folder_and_leaves_it_as_it_was(lora_run, base, tmp_path):
+    """An adapter_config.json beside a model's weights makes transformers load that folder as the model
+    with the adapter applied, while this trainer loads the model alone."""
+    folder = shutil.copytree(base / "hf", tmp_path / "hf")
+    before = snapshot(folder)
+    with pytest.raises(UserError, match=re.escape(f"--export-adapter={str(folder)!r} already holds config.json")):
+        export_run_adapter(lora_run, folder)
+    assert snapshot(folder) == before
+
+
+def test_export_refuses_a_folder_holding_an_adapter(tmp_path):
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text("{}")
+    with pytest.raises(UserError, match="already holds adapter_config.json"):
+        check_export_folder(tmp_path / "adapter")

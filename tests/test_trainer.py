@@ -3,6 +3,7 @@ import json
 import math
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,11 +12,13 @@ import trainer.loop as loop_module
 import trainer.metrics as metrics_module
 import trainer.runtime as runtime_module
 from errors import UserError
+from model import GPTConfig
 from optim.optimizer import build_optimizer, lr_at
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
-from trainer.config import OptimConfig, load_config
+from trainer.config import Config, LoraConfig, OptimConfig, config_to_dict, load_config
 from trainer.loop import Trainer
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, peak_flops, read_records, total_peak_flops
+from trainer.run_dir import unresumable_changes
 
 
 def read_metrics(run_dir):
@@ -279,6 +282,38 @@ def test_resume_with_a_different_model_is_a_clear_error(tmp_path, data_dir):
     Trainer(tiny_config(run_dir, data_dir, train__max_iters=10)).fit()
     with pytest.raises(UserError, match=r"model.n_layer=3 but the run in .* was trained with 2"):
         Trainer(tiny_config(run_dir, data_dir, train__init_from="resume", model__n_layer=3))
+
+
+# the keys of [model] and [lora] that act only while training: a resume may change them
+TRAINING_ONLY = {"model.dropout", "lora.dropout", "lora.base_dtype"}
+
+
+def another_value(value):
+    """A value of the same type as value, and not equal to it."""
+    if isinstance(value, bool):
+        return not value
+    return value + ",other" if isinstance(value, str) else value + 1
+
+
+# every key of the sections whose values define what a checkpoint's weights compute
+WEIGHT_KEYS = [
+    f"{name}.{f.name}" for name, cls in (("model", GPTConfig), ("lora", LoraConfig)) for f in dataclasses.fields(cls)
+]
+
+
+@pytest.mark.parametrize("key", WEIGHT_KEYS)
+def test_a_resume_that_changes_what_the_weights_compute_is_refused_naming_the_key(key):
+    """Every key of the sections that define what a checkpoint computes (the model, its adapters) is
+    refused with another value on resume, a key added later included, but for the training-only ones."""
+    saved = config_to_dict(Config())
+    requested = config_to_dict(Config())
+    section, name = key.split(".")
+    requested[section][name] = another_value(saved[section][name])
+    changes = unresumable_changes(requested, saved, Path("out/run"))
+    if key in TRAINING_ONLY:
+        assert changes == []
+    else:
+        assert len(changes) == 1 and changes[0].startswith(f"{key}=") and "but the run in out/run" in changes[0]
 
 
 def test_vocab_size_smaller_than_the_dataset_is_a_clear_error(tmp_path, data_dir):

@@ -42,7 +42,8 @@ KEY_TYPES = {
     "wandb_run_id": str,
 }
 # a LoRA run's checkpoint also holds "lora": where its frozen base came from and the base's
-# fingerprint ({"source": str, "fingerprint": str}, finetune/lora.py); its "model" holds the adapters only
+# fingerprint ({"source": str, "fingerprint": str}, finetune/lora.py), and "name": str, the base as
+# train.init_from gave it (older checkpoints lack it); its "model" holds the adapters only
 LORA_KEYS = ("source", "fingerprint")
 TYPE_NAMES = {int: "an integer", dict: "a table", list: "a list", str: "a string"}
 
@@ -156,7 +157,8 @@ def _check_contents(state: dict, path: Path) -> None:
     if state["step"] < 0:
         raise UserError(f"{path}: step={state['step']} is negative ({fix})")
     lora = state.get("lora", {key: "" for key in LORA_KEYS})
-    if not isinstance(lora, dict) or not all(isinstance(lora.get(key), str) for key in LORA_KEYS):
+    strings = isinstance(lora, dict) and all(isinstance(lora.get(key), str) for key in LORA_KEYS)
+    if not strings or not isinstance(lora.get("name", ""), str):
         raise UserError(f"{path}: its 'lora' entry is not a table of {' and '.join(LORA_KEYS)} strings ({fix})")
     not_tensors = [name for name, value in state["model"].items() if not isinstance(value, torch.Tensor)]
     if not_tensors:

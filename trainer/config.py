@@ -255,7 +255,7 @@ class EvalConfig:
 @dataclass
 class LoraConfig:
     rank: int = 0  # LoRA: train rank-r adapters beside the frozen weights of train.init_from; 0 = off (0 .. 4096)
-    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha)
+    alpha: float = 16.0  # the adapters' output is scaled by alpha / rank (PEFT's lora_alpha); at most rank / LR
     dropout: float = 0.0  # dropout on the adapters' input, in [0, 1)
     targets: str = (
         "q_proj,k_proj,v_proj,o_proj"  # comma-separated: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
@@ -306,6 +306,8 @@ class Config:
                 f"(set train.init_from to a run directory, a ckpt.pt, or a Hugging Face folder or hub id; "
                 f"or lora.rank=0)"
             )
+        if self.lora.rank:
+            self._check_adapter_scale()
         if self.lora.rank and self.lora.base_dtype == "bfloat16" and self.train.dtype != "bfloat16":
             raise ValueError(
                 f"lora.base_dtype='bfloat16' holds the frozen weights in bfloat16, which needs train.dtype='bfloat16' "
@@ -323,6 +325,22 @@ class Config:
         # the one place where a key follows another section's: resolved as the tree is built, so the
         # run, its config.toml and its checkpoints all hold the number it used
         self.optim = self.optim.decaying_until(self.train.max_iters)
+
+    def _check_adapter_scale(self) -> None:
+        """lora.alpha / lora.rank multiplies everything the adapters add, so their steps move the model
+        alpha / rank times as far as unscaled adapters would at the same rate: that product of the scale and
+        the rate of the optimizer that trains them is their effective rate, held to the bound of every rate."""
+        lora = self.lora
+        name = "muon_lr" if self.optim.optimizer == "muon" else "learning_rate"  # Muon trains the 2-D adapters
+        lr = getattr(self.optim, name)
+        most = MAX_LR * lora.rank / lr
+        if lora.alpha > most:
+            raise ValueError(
+                f"lora.alpha={lora.alpha} is outside the accepted range (0, {most:.6g}] for lora.rank={lora.rank} "
+                f"and optim.{name}={lr}: the adapters' output is scaled by alpha / rank, so their steps move the "
+                f"model as steps at a rate of alpha / rank * {name} = {lora.alpha / lora.rank * lr:.3g} would, "
+                f"where a rate above {MAX_LR:g} throws the weights away (docs/finetuning.md)"
+            )
 
 
 SECTIONS: dict[str, type] = {f.name: f.type for f in dataclasses.fields(Config)}

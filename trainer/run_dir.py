@@ -129,13 +129,13 @@ class RunDir:
         return f" of this model; continue it with {self.resume_command()}, or start anew elsewhere ({elsewhere})"
 
     def check_resumable(self, checkpoint: dict, cfg: Config, dataset_meta: dict) -> None:
-        """The model, the optimizer, the tokenizer and the [eval] tasks must be those of the run being
-        resumed."""
+        """The model and its adapters (every key that defines what the weights compute), the optimizer,
+        the tokenizer and the [eval] tasks must be those of the run being resumed."""
         run_dir = self.path
         changes = unresumable_changes(config_to_dict(cfg), checkpoint["config"], run_dir)
         if changes:
             raise UserError(
-                f"{changes[0]}, whose state does not carry over (resume with the run's own config: "
+                f"{changes[0]}, which a resumed run cannot change (resume with the run's own config: "
                 f"{self.resume_command()}; or train this config in another directory: --train.out_dir=out/NAME)"
             )
         # the centred mean of other tasks is another figure: one line of it in metrics.jsonl and plot.py
@@ -203,20 +203,30 @@ def check_same_kind_of_data(saved: dict, meta: dict, dataset: str, run_dir: Path
     )
 
 
+# what a checkpoint's weights compute is defined by every key of these sections (the model's shape, architecture
+# and attention pattern; the adapters' rank, scale and targets): a resume with another value would continue
+# another computation, its loss jumping, or not load at all
+DEFINE_THE_WEIGHTS = ("model", "lora")
+# the keys of those sections that act only while training, and which a resume may change: dropout is off when
+# the model is evaluated or sampled, and the frozen weights' dtype is a matter of memory, as train.dtype is
+TRAINING_ONLY = ("model.dropout", "lora.dropout", "lora.base_dtype")
 # model keys a run fills in from its dataset when left at these values: the request does not differ
-FOLLOWS_DATA = {"vocab_size": 0, "eot_token": -1}
+FOLLOWS_DATA = {"model.vocab_size": 0, "model.eot_token": -1}
 
 
 def unresumable_changes(requested: dict, saved: dict, run_dir: Path) -> list[str]:
     """What in the requested config (as a dict) the run in run_dir, saved with `saved`, cannot resume
-    with: its model keys and optimizer, each as 'model.n_layer=6 but the run in out/x was trained
-    with 4'. A key the saved config lacks (written before the key existed) counts as its default."""
+    with: the keys that define what its weights compute (but those in TRAINING_ONLY) and its optimizer,
+    each as 'model.n_layer=6 but the run in out/x was trained with 4'. A key the saved config lacks
+    (written before the key existed) counts as its default."""
     defaults = config_to_dict(Config())
     changes = []
-    for key, value in requested["model"].items():
-        was = saved.get("model", {}).get(key, defaults["model"][key])
-        if was != value and FOLLOWS_DATA.get(key, object()) != value:
-            changes.append(f"model.{key}={value!r} but the run in {run_dir} was trained with {was!r}")
+    for section in DEFINE_THE_WEIGHTS:
+        for key, value in requested[section].items():
+            name = f"{section}.{key}"
+            was = saved.get(section, {}).get(key, defaults[section][key])
+            if name not in TRAINING_ONLY and was != value and FOLLOWS_DATA.get(name, object()) != value:
+                changes.append(f"{name}={value!r} but the run in {run_dir} was trained with {was!r}")
     optimizer = requested["optim"]["optimizer"]
     was = saved.get("optim", {}).get("optimizer", "adamw")  # runs from before Muon used AdamW
     if was != optimizer:
