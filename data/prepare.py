@@ -17,7 +17,9 @@ OUT/val.mask.bin say, one byte per token, which tokens are trained (bit 0: --tra
 conversation starts (bit 1). --tokenizer: a Hugging Face model folder (its own template), or char,
 gpt2, a tokenizer.json, a prepared dataset folder or a run directory (their tokenizer, with the
 built-in template and its special tokens added after its ids). A conversation longer than
---block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed).
+--block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed);
+a split left without a trained token within --block-size of a conversation's start (every reply cut
+off) is refused, naming it: its loss would be a mean over nothing.
 
 --dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files
 (and of no other: a file it would not read is named and refused; hidden ones are skipped),
@@ -78,7 +80,7 @@ from data.chat import (  # noqa: E402
     render_conversation,
 )
 from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
-from data.loader import CONVERSATION_START, TRAINED, read_meta  # noqa: E402
+from data.loader import CONVERSATION_START, TRAINED, has_trained_target, read_meta  # noqa: E402
 from data.sources import Corpus, open_corpus, open_text_file  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     BPE_SPECIAL_TOKENS,
@@ -411,19 +413,21 @@ def prepare_chat(
     tokenizer = build_chat_tokenizer(tokenizer_spec, conversations)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     separator = [] if tokenizer.eot_token is None else [tokenizer.eot_token]
-    ids, masks, text_bytes, documents = ([], []), ([], []), [0, 0], [0, 0]
-    truncated, longest = 0, 0
+    ids, masks, text_bytes, documents, truncated = ([], []), ([], []), [0, 0], [0, 0], [0, 0]
+    longest, longest_rendered = 0, 0
     for index, conversation in enumerate(conversations):
         tokens, trained = render_conversation(conversation.messages, tokenizer, train_on, where=conversation.where)
+        split = VAL if in_val(index, seed, val_fraction) else TRAIN
+        longest_rendered = max(longest_rendered, len(tokens))
         if len(tokens) > block_size:
             if too_long == "refuse":
                 raise UserError(
                     f"{conversation.where}: the conversation is {len(tokens):,} tokens, longer than --block-size="
                     f"{block_size:,} (shorten it, pass the model's larger block_size, or --too-long truncate)"
                 )
-            tokens, trained, truncated = tokens[:block_size], trained[:block_size], truncated + 1
+            tokens, trained = tokens[:block_size], trained[:block_size]
+            truncated[split] += 1
         longest = max(longest, len(tokens))
-        split = VAL if in_val(index, seed, val_fraction) else TRAIN
         flags = [TRAINED * keep for keep in trained]
         flags[0] |= CONVERSATION_START
         ids[split].append(np.array(tokens + separator, dtype=dtype))
@@ -431,6 +435,7 @@ def prepare_chat(
         text_bytes[split] += len(tokenizer.decode(tokens).encode("utf-8"))
         documents[split] += 1
     joined = [np.concatenate(part) if part else np.empty(0, dtype) for part in ids]
+    joined_masks = [np.concatenate(part) if part else np.empty(0, np.uint8) for part in masks]
     for split in (TRAIN, VAL):
         if len(joined[split]) < block_size + 1:
             raise UserError(
@@ -438,8 +443,18 @@ def prepare_chat(
                 f"tokens, fewer than --block-size + 1 = {block_size + 1:,} (use more conversations, pass the model's "
                 f"block_size with --block-size, or change --val-fraction)"
             )
-    if truncated:
-        print(f"truncated {truncated:,} of {len(conversations):,} conversations to --block-size={block_size:,} tokens")
+        if not has_trained_target(joined_masks[split], block_size):
+            # typically every reply lay past --block-size and was cut off: the split's loss would be a mean over nothing
+            raise UserError(
+                f"the {SPLITS[split]} split of {source} has no trained token within --block-size={block_size:,} tokens "
+                f"of a conversation's start ({truncated[split]:,} of its {documents[split]:,} conversation(s) cut to "
+                f"that length by --too-long truncate), so training would report a loss over nothing (pass a larger "
+                f"--block-size, up to the model's: the longest conversation is {longest_rendered:,} tokens; or "
+                f"shorten the conversations)"
+            )
+    cut = sum(truncated)
+    if cut:
+        print(f"truncated {cut:,} of {len(conversations):,} conversations to --block-size={block_size:,} tokens")
     created = not out.exists()
     make_dir(out)
     try:
@@ -447,7 +462,7 @@ def prepare_chat(
             with atomic_open(out / f"{name}.bin") as f:
                 f.write(joined[split].tobytes())
             with atomic_open(out / f"{name}.mask.bin") as f:
-                f.write(np.concatenate(masks[split]).tobytes() if masks[split] else b"")
+                f.write(joined_masks[split].tobytes())
         if isinstance(tokenizer, JsonTokenizer):
             with atomic_open(out / TOKENIZER_FILE) as f:
                 f.write(tokenizer.to_json().encode("utf-8"))
@@ -480,7 +495,7 @@ def prepare_chat(
             "special_ids": {token: tokenizer.specials[token] for token in tokenizer.added_specials},
             "train_on": train_on,
             "longest": longest,  # tokens of the longest conversation: training needs model.block_size >= this
-            "truncated": truncated,
+            "truncated": cut,
         },
     }
     if isinstance(tokenizer, CharTokenizer):

@@ -20,6 +20,7 @@ import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
 import trainer.pretrained as pretrained_module
 from data.files import FileLock
+from data.loader import TRAINED
 from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import PROJECT_MODULES, run_cli
@@ -315,6 +316,13 @@ def chat_dataset_of_the_run(workspace: Path) -> None:
                  block_size=32, val_fraction=0.3)  # fmt: skip
 
 
+def chat_dataset_without_trained_val_tokens(workspace: Path) -> None:
+    """data/chat whose val split has no trained token: every reply cut off (its mask as an older prepare.py wrote it)."""
+    chat_dataset_of_the_run(workspace)
+    mask = workspace / "data" / "chat" / "val.mask.bin"
+    mask.write_bytes(bytes(flags & ~TRAINED for flags in mask.read_bytes()))
+
+
 def lora_run_on_a_changed_base(workspace: Path) -> None:
     """out/lora: LoRA adapters trained on out/tiny, whose weights then change."""
     Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
@@ -560,7 +568,9 @@ CATALOGUE = [
     Case("chat-template-raises", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "chats.jsonl line 1: the chat template cannot render it (roles must alternate)", chat_model_folder("{{ raise_exception('roles must alternate') }}")),
     Case("chat-template-not-jinja", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "the chat template is not valid jinja", chat_model_folder("{% for message in %}")),
     Case("chat-model-folder-without-template", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)", lambda w: (chat_model_folder("")(w), (w / "chatmodel" / "tokenizer_config.json").write_text("{}"))),
+    Case("chat-replies-all-cut-off", "data/prepare.py", [*CHAT_PREPARE, "--block-size", "8", "--too-long", "truncate"], "the train split of chats.jsonl has no trained token within --block-size=8 tokens of a conversation's start (19 of its 19 conversation(s) cut to that length by --too-long truncate), so training would report a loss over nothing", write_chats(*[{"messages": [{"role": "user", "content": "a question longer than the block"}, CHAT_REPLY]}] * 20)),
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
+    Case("chat-split-without-a-trained-token", "train.py", [*TRAIN, "--data.dataset=chat"], "the val split of data/chat has no trained token that a window of model.block_size=32 tokens reaches, so its loss would be a mean over nothing", chat_dataset_without_trained_val_tokens),
     # options: an unknown one is named with the nearest known one, in one line (errors.ArgumentParser)
     Case("misspelt-sample-option", "sample.py", ["--out-dir", "out/tiny", "--max-tokens", "5"], "error: unrecognized option --max-tokens (did you mean --max-new-tokens?)"),
     Case("misspelt-underscore-option", "sample.py", ["--out-dir", "out/tiny", "--max_new_token=5"], "error: unrecognized option --max_new_token (did you mean --max-new-tokens?)"),
