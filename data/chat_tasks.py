@@ -40,6 +40,7 @@ WORD_LENGTHS = range(3, 9)  # letters in a word asked about: short enough to spe
 MAX_TURNS = 3  # questions in one conversation
 NUMBER_WORDS = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 FILES = ("train.jsonl", "val.jsonl", "heldout.jsonl")
+OUT = "data/chat_tasks"  # the default --out: where the chat quickstart (README.md) reads them
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,7 @@ def write_sets(out: Path, sets: dict[str, list[dict]]) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="data/chat_tasks", help="output folder (default: data/chat_tasks)")
+    parser.add_argument("--out", default=OUT, help=f"output folder (default: {OUT})")
     parser.add_argument("--seed", type=int, default=1337, help="deals the questions out (default: 1337)")
     parser.add_argument("--train", type=int, default=20000, help="training conversations (default: 20000)")
     parser.add_argument("--val", type=int, default=500, help="validation conversations (default: 500)")

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from data.files import shipped_run
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
@@ -28,6 +29,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.config import (
+    CHECKPOINT_NAME,
     INIT_FROM,
     Config,
     TrainConfig,
@@ -554,7 +556,13 @@ class Trainer:
 
 
 def _check_init_from(init_from: str) -> None:
-    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one."""
+    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one,
+    and the run directory of a shipped config that has no checkpoint yet (not a hub id) with the command
+    that trains it."""
+    path, run = Path(init_from), shipped_run(Path(init_from))
+    if run and not any((path / name).is_file() for name in (CHECKPOINT_NAME, "config.json")):
+        state = "does not exist yet" if not path.exists() else f"holds no {CHECKPOINT_NAME} yet"
+        raise UserError(f"train.init_from={init_from!r} {state}: {run}")
     if init_from in INIT_FROM or Path(init_from).is_dir() or Path(init_from).is_file() or is_hub_id(init_from):
         return
     close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
