@@ -143,7 +143,11 @@ class Run:
             raise UserError(
                 f"{directory} holds no {METRICS_NAME}: it is not a run directory, or its run has logged nothing yet"
             )
-        records = read_metrics(metrics)
+        # a chat step without a trained token has no loss: older runs logged 0 there, which is no mean of anything
+        records = [
+            {key: value for key, value in record.items() if key != "loss" or record.get("trained_tokens") != 0}
+            for record in read_metrics(metrics)
+        ]
         cfg = load_config(str(path / "config.toml"), [])
         return cls(path.resolve().name, records, lambda step: tokens_before(step, cfg))
 

@@ -6,11 +6,13 @@ The trainer's evaluation averages train.eval_iters random batches (20 in the qui
 characters), drawn with the run's own seed. That is cheap enough to repeat during training, but it
 is a small sample, and a different one for each seed: two runs of one config at two seeds can
 differ by several hundredths on it even when their models are equally good. This scores the same
-metric (the mean loss over every position of block_size windows, with the run's training
-objective) on windows starting every --stride tokens of the whole split, the same windows for every
-run, so runs compare on their models alone. It prints, per run, the trainer's last val loss and
-this one, and this one in bits per byte (the loss in bits over the split's UTF-8 bytes per token),
-which compares runs on datasets of different tokenizers. Runs on the CPU.
+metric (the mean loss over the targets of block_size windows, with the run's training objective)
+on windows starting every --stride tokens of the whole split, the same windows for every run, so
+runs compare on their models alone. A chat dataset's windows start where each conversation starts,
+whatever --stride, and their targets are the trained tokens alone, as in training; a split none of
+whose windows holds one is refused, as a mean over nothing. It prints, per run, the trainer's last
+val loss and this one, and this one in bits per byte (the loss in bits over the split's UTF-8 bytes
+per token), which compares runs on datasets of different tokenizers. Runs on the CPU.
 """
 
 import argparse
@@ -23,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
-from data.loader import TokenDataset  # noqa: E402
+from data.loader import TRAINED, TokenDataset  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
 from trainer.config import config_from_dict  # noqa: E402
@@ -38,24 +40,43 @@ def parse_args() -> argparse.Namespace:
     parser = BenchArguments(__doc__)
     parser.add_argument("runs", nargs="+", help="run directories (each with a checkpoint)")
     parser.add_argument("--split", choices=["val", "train"], default="val", help="which split (default: val)")
-    parser.add_count("--stride", default=16, help="tokens between window starts (default: 16)")
+    parser.add_count("--stride", default=16, help="tokens between window starts (default: 16; not for chat data)")
     return parser.parse_args()
 
 
 @torch.no_grad()
-def split_loss(model, objective: Objective, tokens: torch.Tensor, block_size: int, stride: int) -> tuple[float, int]:
-    """Mean loss over windows of block_size tokens starting every stride tokens, and their count."""
-    starts = torch.arange(0, len(tokens) - block_size, stride)
+def split_loss(
+    model, objective: Objective, dataset: TokenDataset, split: str, block_size: int, stride: int
+) -> tuple[float, int]:
+    """Mean loss over the targets of windows of block_size tokens starting every stride tokens (a chat
+    dataset's: at every conversation, its trained tokens the targets), and the number of windows."""
+    tokens = torch.from_numpy(dataset.tokens(split).astype("int64"))
+    chat_starts = dataset.window_starts(split, block_size)  # None for text
+    if chat_starts is None:
+        starts = torch.arange(0, len(tokens) - block_size, stride)
+    else:
+        starts = torch.from_numpy(chat_starts)
+        trained = torch.from_numpy(dataset.mask(split) & TRAINED).bool()
     if len(starts) == 0:
         raise UserError(f"the split holds {len(tokens)} tokens, too few for one window of {block_size + 1}")
     offsets = torch.arange(block_size)
-    total = 0.0
+    total, counted = 0.0, 0
     for batch in starts.split(WINDOWS_PER_BATCH):
         index = batch[:, None] + offsets  # (B, block_size)
-        x, y, prefix = objective(tokens[index], tokens[index + 1])
+        x, y = tokens[index], tokens[index + 1]
+        if chat_starts is not None:
+            y = y.masked_fill(~trained[index + 1], -1)  # as RandomWindows: untrained tokens are no target
+        x, y, prefix = objective(x, y)
         _, loss = model(x, y, prefix=prefix)
-        total += loss.item() * len(batch)
-    return total / len(starts), len(starts)
+        count = int((y != -1).sum())  # the model's loss is the mean over these
+        total += loss.item() * count
+        counted += count
+    if counted == 0:
+        raise UserError(
+            f"no window of the {split} split of {dataset.directory} holds a trained token: its loss would be a "
+            f"mean over nothing (prepare the dataset again with a --block-size that keeps the replies)"
+        )
+    return total / counted, len(starts)
 
 
 def main() -> None:
@@ -70,9 +91,8 @@ def main() -> None:
         model, _ = model_from_checkpoint(checkpoint, path)
         cfg = config_from_dict(checkpoint["config"], source=str(path))
         dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
-        tokens = torch.from_numpy(dataset.tokens(args.split).astype("int64"))
         objective = Objective(cfg.model, OBJECTIVE_SEED)
-        loss, windows = split_loss(model, objective, tokens, cfg.model.block_size, args.stride)
+        loss, windows = split_loss(model, objective, dataset, args.split, cfg.model.block_size, args.stride)
         metrics = Path(run) / METRICS_NAME
         records = read_metrics(metrics) if metrics.is_file() else []
         evaluated = [r[f"{args.split}_loss"] for r in records if f"{args.split}_loss" in r]

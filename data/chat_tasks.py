@@ -2,21 +2,26 @@
 
     python data/chat_tasks.py --out data/chat_tasks
 
-Each user turn asks one thing about a word of the play (reverse it, spell it, its first or last
-letter, it in capitals, how many letters it has) and the assistant's turn answers it. Only
-characters of data/tinyshakespeare.txt are used (it has letters but of the digits only 3, so
-counts are written as words), so a character-level model of that text can read and write every
-conversation once a chat template's special tokens are added to its vocabulary.
+Each conversation is one user turn that asks one thing about a word of the play (reverse it, spell
+it, its first or last letter, it in capitals, how many letters it has) and the assistant's turn that
+answers it. Only characters of data/tinyshakespeare.txt are used (it has letters but of the digits
+only 3, so counts are written as words), so a character-level model of that text can read and write
+every conversation once a chat template's special tokens are added to its vocabulary.
+
+The conversations are made for the quickstart's model, whose context is 64 characters: the built-in
+template spends 21 tokens on a turn's markers and roles, so the longest question and its answer
+(`how many letters in` a word of 8 letters, `eight`) render to 55 tokens, and a second turn would
+not fit.
 
 Writes to --out:
 
 - train.jsonl and val.jsonl: conversations `{"messages": [{"role": "user", ...}, {"role":
-  "assistant", ...}, ...]}` of one to three turns;
+  "assistant", ...}]}`;
 - heldout.jsonl: eval.py generation items `{"messages": [one user turn], "answer": ...}`.
 
 Every (task, word) pair is one question. The pairs are shuffled by --seed and dealt out: the
-held-out items first, then the validation conversations' turns, the rest to training, so no held
-out question is ever asked in training or validation (the same word may be, under another task).
+held-out items first, then the validation conversations, the rest to training, so no held out
+question is ever asked in training or validation (the same word may be, under another task).
 The same seed writes the same files.
 """
 
@@ -37,9 +42,9 @@ from errors import UserError, run_cli  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parent / "tinyshakespeare.txt"
 WORD_LENGTHS = range(3, 9)  # letters in a word asked about: short enough to spell in one line
-MAX_TURNS = 3  # questions in one conversation
 NUMBER_WORDS = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
 FILES = ("train.jsonl", "val.jsonl", "heldout.jsonl")
+OUT = "data/chat_tasks"  # the default --out: where the chat quickstart (README.md) reads them
 
 
 @dataclass(frozen=True)
@@ -72,30 +77,21 @@ def turn(task: str, word: str) -> list[dict]:
     ]
 
 
-def conversation(pairs: list[tuple[str, str]]) -> dict:
-    return {"messages": [message for task, word in pairs for message in turn(task, word)]}
-
-
 def make_sets(words: list[str], seed: int, n_train: int, n_val: int, n_heldout: int) -> dict[str, list[dict]]:
     """The three files' records (see the module's docstring)."""
     rng = random.Random(seed)
     pairs = [(task, word) for word in words for task in TASKS]
     rng.shuffle(pairs)
-    val_turns = [rng.randint(1, MAX_TURNS) for _ in range(n_val)]
-    needed = n_heldout + sum(val_turns) + 1  # and at least one question left to train on
+    needed = n_heldout + n_val + 1  # and at least one question left to train on
     if needed > len(pairs):
         raise UserError(
             f"--heldout={n_heldout} and --val={n_val} need {needed:,} questions, but the corpus gives "
             f"{len(pairs):,} (ask for fewer)"
         )
-    heldout, rest = pairs[:n_heldout], pairs[n_heldout:]
-    val = []
-    for turns in val_turns:
-        val.append(conversation(rest[:turns]))
-        rest = rest[turns:]
-    train = [conversation([rng.choice(rest) for _ in range(rng.randint(1, MAX_TURNS))]) for _ in range(n_train)]
+    heldout, val, rest = pairs[:n_heldout], pairs[n_heldout : n_heldout + n_val], pairs[n_heldout + n_val :]
+    train = [{"messages": turn(*rng.choice(rest))} for _ in range(n_train)]
     held = [{"messages": turn(task, word)[:1], "answer": TASKS[task].answer(word)} for task, word in heldout]
-    return {"train.jsonl": train, "val.jsonl": val, "heldout.jsonl": held}
+    return {"train.jsonl": train, "val.jsonl": [{"messages": turn(*pair)} for pair in val], "heldout.jsonl": held}
 
 
 def write_sets(out: Path, sets: dict[str, list[dict]]) -> None:
@@ -107,7 +103,7 @@ def write_sets(out: Path, sets: dict[str, list[dict]]) -> None:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="data/chat_tasks", help="output folder (default: data/chat_tasks)")
+    parser.add_argument("--out", default=OUT, help=f"output folder (default: {OUT})")
     parser.add_argument("--seed", type=int, default=1337, help="deals the questions out (default: 1337)")
     parser.add_argument("--train", type=int, default=20000, help="training conversations (default: 20000)")
     parser.add_argument("--val", type=int, default=500, help="validation conversations (default: 500)")

@@ -173,6 +173,21 @@ def make_dir(path: Path) -> None:
         ) from None
 
 
+# ------------------------------------------------------------------------------------------- inputs
+# configs/NAME.toml, shipped with the project, trains into the run directory out/NAME (trainer/config.py)
+SHIPPED_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def shipped_run(run_dir: Path) -> str | None:
+    """For out/NAME (where the command runs), the run directory of a shipped configs/NAME.toml: what
+    makes it, for a message about a run that is not there or has no checkpoint yet; else None."""
+    run_dir = Path(os.path.abspath(run_dir))
+    if run_dir.parent != Path(os.path.abspath("out")) or not (SHIPPED_CONFIGS / f"{run_dir.name}.toml").is_file():
+        return None
+    config = f"configs/{run_dir.name}.toml"
+    return f"it is the run of {config} (train it first: python train.py --config {config})"
+
+
 # ------------------------------------------------------------------------------------------- outputs
 # The one rule for every path a command writes (docs/bad-inputs.md, "Nothing overwritten or mixed
 # up"), checked before any work starts: a file is replaced only when it is an earlier output of the

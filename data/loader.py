@@ -95,8 +95,7 @@ class TokenDataset:
             return None
         if split not in self._starts:
             self._starts[split] = np.flatnonzero(self.mask(split) & CONVERSATION_START)
-        starts = self._starts[split]
-        return starts[starts <= self.meta[f"{split}_tokens"] - block_size - 1]
+        return fitting_starts(self._starts[split], self.meta[f"{split}_tokens"], block_size)
 
     def tokens(self, split: str) -> np.memmap:
         # A fresh read-only memory map per call: pages read through a long-lived map stay counted
@@ -126,6 +125,35 @@ class TokenDataset:
                     f"no conversation of the {split} split of {self.directory} starts {block_size + 1:,} tokens "
                     f"before its end (use more conversations or a smaller block_size)"
                 )
+            if not has_trained_target(self.mask(split), block_size):
+                raise UserError(
+                    f"the {split} split of {self.directory} has no trained token that a window of model.block_size="
+                    f"{block_size:,} tokens reaches, so its loss would be a mean over nothing (prepare it again "
+                    f"with python data/prepare.py --chat and a --block-size that keeps the replies, up to the "
+                    f"model's)"
+                )
+
+
+def fitting_starts(starts: np.ndarray, n_tokens: int, block_size: int) -> np.ndarray:
+    """Of a chat split's conversation starts, those a window of block_size + 1 tokens fits after,
+    before the split's end (it holds n_tokens)."""
+    return starts[starts <= n_tokens - block_size - 1]
+
+
+def has_trained_target(mask: np.ndarray, block_size: int) -> bool:
+    """Whether a chat split's mask bytes give some window a trained target. Windows of block_size + 1
+    tokens start where a conversation starts, block_size + 1 tokens or more before the split's end (as
+    RandomWindows draws them); their targets are their tokens after the first. Read in chunks: stops at
+    the first chunk that has one, which is almost always the first."""
+    starts = fitting_starts(np.flatnonzero(mask & CONVERSATION_START), len(mask), block_size)
+    if not len(starts):
+        return False
+    for first in range(0, len(mask), SCAN_TOKENS):
+        trained = first + np.flatnonzero(mask[first : first + SCAN_TOKENS] & TRAINED)
+        before = np.searchsorted(starts, trained) - 1  # the last window start before each trained token
+        if np.any((before >= 0) & (trained - starts[before.clip(min=0)] <= block_size)):
+            return True
+    return False
 
 
 def read_meta(directory: Path) -> dict:

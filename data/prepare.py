@@ -17,7 +17,9 @@ OUT/val.mask.bin say, one byte per token, which tokens are trained (bit 0: --tra
 conversation starts (bit 1). --tokenizer: a Hugging Face model folder (its own template), or char,
 gpt2, a tokenizer.json, a prepared dataset folder or a run directory (their tokenizer, with the
 built-in template and its special tokens added after its ids). A conversation longer than
---block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed).
+--block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed);
+a split left without a trained token within --block-size of a conversation's start (every reply cut
+off) is refused, naming it: its loss would be a mean over nothing.
 
 --dataset is a bundled corpus, a local .txt, .jsonl, .json or .parquet file, a folder of such files
 (and of no other: a file it would not read is named and refused; hidden ones are skipped),
@@ -50,6 +52,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import os
 import re
 import sys
 import time
@@ -65,6 +68,8 @@ from tqdm import tqdm
 if __package__ in (None, ""):  # run as `python data/prepare.py`: make the project importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from data.chat_tasks import FILES as CHAT_TASKS_FILES  # noqa: E402
+from data.chat_tasks import OUT as CHAT_TASKS_OUT  # noqa: E402
 from data.conversations import (  # noqa: E402
     BUILTIN_SPECIALS,
     BUILTIN_TEMPLATE,
@@ -77,8 +82,8 @@ from data.conversations import (  # noqa: E402
     read_conversations,
     render_conversation,
 )
-from data.files import FileLock, atomic_open, check_writable_dir, make_dir  # noqa: E402
-from data.loader import CONVERSATION_START, TRAINED, read_meta  # noqa: E402
+from data.files import FileLock, atomic_open, check_writable_dir, make_dir, shipped_run  # noqa: E402
+from data.loader import CONVERSATION_START, TRAINED, has_trained_target, read_meta  # noqa: E402
 from data.sources import Corpus, open_corpus, open_text_file  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     BPE_SPECIAL_TOKENS,
@@ -103,6 +108,7 @@ BUNDLED = {
     "shakespeare": ("tinyshakespeare.txt", "gpt2"),
 }
 TOKENIZERS = ("char", "gpt2", "bpe")  # or the path of a tokenizer.json
+CHECKPOINT_FILE = "ckpt.pt"  # a run directory's checkpoint (trainer/checkpoint.py), whose tokenizer --chat may use
 SPLITS = ("train", "val")
 TRAIN, VAL = 0, 1  # indices into SPLITS
 VAL_FRACTION = 0.1
@@ -411,19 +417,21 @@ def prepare_chat(
     tokenizer = build_chat_tokenizer(tokenizer_spec, conversations)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     separator = [] if tokenizer.eot_token is None else [tokenizer.eot_token]
-    ids, masks, text_bytes, documents = ([], []), ([], []), [0, 0], [0, 0]
-    truncated, longest = 0, 0
+    ids, masks, text_bytes, documents, truncated = ([], []), ([], []), [0, 0], [0, 0], [0, 0]
+    longest, longest_rendered = 0, 0
     for index, conversation in enumerate(conversations):
         tokens, trained = render_conversation(conversation.messages, tokenizer, train_on, where=conversation.where)
+        split = VAL if in_val(index, seed, val_fraction) else TRAIN
+        longest_rendered = max(longest_rendered, len(tokens))
         if len(tokens) > block_size:
             if too_long == "refuse":
                 raise UserError(
                     f"{conversation.where}: the conversation is {len(tokens):,} tokens, longer than --block-size="
                     f"{block_size:,} (shorten it, pass the model's larger block_size, or --too-long truncate)"
                 )
-            tokens, trained, truncated = tokens[:block_size], trained[:block_size], truncated + 1
+            tokens, trained = tokens[:block_size], trained[:block_size]
+            truncated[split] += 1
         longest = max(longest, len(tokens))
-        split = VAL if in_val(index, seed, val_fraction) else TRAIN
         flags = [TRAINED * keep for keep in trained]
         flags[0] |= CONVERSATION_START
         ids[split].append(np.array(tokens + separator, dtype=dtype))
@@ -431,6 +439,7 @@ def prepare_chat(
         text_bytes[split] += len(tokenizer.decode(tokens).encode("utf-8"))
         documents[split] += 1
     joined = [np.concatenate(part) if part else np.empty(0, dtype) for part in ids]
+    joined_masks = [np.concatenate(part) if part else np.empty(0, np.uint8) for part in masks]
     for split in (TRAIN, VAL):
         if len(joined[split]) < block_size + 1:
             raise UserError(
@@ -438,8 +447,18 @@ def prepare_chat(
                 f"tokens, fewer than --block-size + 1 = {block_size + 1:,} (use more conversations, pass the model's "
                 f"block_size with --block-size, or change --val-fraction)"
             )
-    if truncated:
-        print(f"truncated {truncated:,} of {len(conversations):,} conversations to --block-size={block_size:,} tokens")
+        if not has_trained_target(joined_masks[split], block_size):
+            # typically every reply lay past --block-size and was cut off: the split's loss would be a mean over nothing
+            raise UserError(
+                f"the {SPLITS[split]} split of {source} has no trained token within --block-size={block_size:,} tokens "
+                f"of a conversation's start ({truncated[split]:,} of its {documents[split]:,} conversation(s) cut to "
+                f"that length by --too-long truncate), so training would report a loss over nothing (pass a larger "
+                f"--block-size, up to the model's: the longest conversation is {longest_rendered:,} tokens; or "
+                f"shorten the conversations)"
+            )
+    cut = sum(truncated)
+    if cut:
+        print(f"truncated {cut:,} of {len(conversations):,} conversations to --block-size={block_size:,} tokens")
     created = not out.exists()
     make_dir(out)
     try:
@@ -447,7 +466,7 @@ def prepare_chat(
             with atomic_open(out / f"{name}.bin") as f:
                 f.write(joined[split].tobytes())
             with atomic_open(out / f"{name}.mask.bin") as f:
-                f.write(np.concatenate(masks[split]).tobytes() if masks[split] else b"")
+                f.write(joined_masks[split].tobytes())
         if isinstance(tokenizer, JsonTokenizer):
             with atomic_open(out / TOKENIZER_FILE) as f:
                 f.write(tokenizer.to_json().encode("utf-8"))
@@ -480,7 +499,7 @@ def prepare_chat(
             "special_ids": {token: tokenizer.specials[token] for token in tokenizer.added_specials},
             "train_on": train_on,
             "longest": longest,  # tokens of the longest conversation: training needs model.block_size >= this
-            "truncated": truncated,
+            "truncated": cut,
         },
     }
     if isinstance(tokenizer, CharTokenizer):
@@ -512,7 +531,7 @@ def build_chat_tokenizer(spec: str, conversations: list[Conversation]) -> Tokeni
         return chat_tokenizer(CharTokenizer("".join(sorted(chars))))
     if spec == "gpt2":
         return chat_tokenizer(GPT2Tokenizer())
-    if (path / "meta.json").is_file() or (path / "ckpt.pt").is_file():
+    if (path / "meta.json").is_file() or (path / CHECKPOINT_FILE).is_file():
         tokenizer = tokenizer_from_meta(saved_meta(path))
         return tokenizer if tokenizer.chat_template is not None else chat_tokenizer(tokenizer)
     if path.is_dir():
@@ -527,11 +546,11 @@ def saved_meta(folder: Path) -> dict:
     import torch
 
     try:
-        checkpoint = torch.load(folder / "ckpt.pt", map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(folder / CHECKPOINT_FILE, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # torch raises many kinds for a damaged file
-        raise UserError(f"{folder / 'ckpt.pt'} cannot be read ({str(e).splitlines()[0]})") from None
+        raise UserError(f"{folder / CHECKPOINT_FILE} cannot be read ({str(e).splitlines()[0]})") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("dataset"), dict):
-        raise UserError(f"{folder / 'ckpt.pt'} holds no dataset metadata: not a checkpoint written by train.py")
+        raise UserError(f"{folder / CHECKPOINT_FILE} holds no dataset metadata: not a checkpoint written by train.py")
     return checkpoint["dataset"]
 
 
@@ -739,15 +758,58 @@ def parse_args() -> argparse.Namespace:
         raise UserError(f"--vocab-size={args.vocab_size} applies only to --tokenizer=bpe, not {args.tokenizer}")
     if not args.chat and (args.train_on != "assistant" or args.too_long != "refuse"):
         raise UserError("--train-on and --too-long apply to conversations: add --chat")
+    if args.tokenizer is not None:
+        check_tokenizer_path(args.tokenizer, args.chat)
     if args.chat:
         if args.dataset in BUNDLED:
             raise UserError(f"--chat: {args.dataset!r} is a bundled text corpus, not conversations")
+        check_conversations_file(args.dataset)
         return args  # --tokenizer is read with the conversations (a folder is a model's, a dataset's or a run's)
     if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).is_dir():
         args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")  # a model folder: its own tokenizer
     if args.tokenizer not in (None, *TOKENIZERS):
         JsonTokenizer.from_file(Path(args.tokenizer))  # refused now, before a long download, if it does not load
     return args
+
+
+def check_tokenizer_path(spec: str, chat: bool) -> None:
+    """A --tokenizer naming a path where nothing it could be read from is: refused before any data is
+    read. A file is read, or refused, by JsonTokenizer.from_file (so is a missing .json); a folder must
+    hold what is read from it: with --chat a run's ckpt.pt, a prepared dataset's meta.json or a model's
+    tokenizer.json, without --chat a tokenizer.json. The run directory of a shipped config (out/NAME)
+    that is not trained yet is named with the command that trains it."""
+    path = Path(spec)
+    if spec in TOKENIZERS or path.is_file() or (path.suffix == ".json" and not path.exists()):
+        return
+    read = (CHECKPOINT_FILE, "meta.json", TOKENIZER_FILE) if chat else (TOKENIZER_FILE,)
+    if path.is_dir() and any((path / name).is_file() for name in read):
+        return
+    run = shipped_run(path) if chat else None
+    accepted = (
+        f"a run directory with its {CHECKPOINT_FILE}, a prepared dataset folder, a model folder, a tokenizer.json, "
+        f"char or gpt2"
+        if chat
+        else "a tokenizer.json, a model folder holding one, char, gpt2 or bpe"
+    )
+    if not path.exists() and run:
+        raise UserError(f"--tokenizer={spec!r} does not exist yet: {run}")
+    if not path.exists():
+        raise UserError(f"--tokenizer={spec!r} does not exist (give {accepted})")
+    if run:
+        raise UserError(f"--tokenizer={spec!r} holds no {CHECKPOINT_FILE} yet: {run}")
+    described = f"{CHECKPOINT_FILE}, meta.json or {TOKENIZER_FILE}" if chat else TOKENIZER_FILE
+    raise UserError(f"--tokenizer={spec!r} holds no {described} (give {accepted})")
+
+
+def check_conversations_file(spec: str) -> None:
+    """A --chat --dataset naming a .jsonl or .json file that is not there: refused before anything
+    else, with the command that writes it when it is one of the chat quickstart's files."""
+    path = Path(spec)
+    if path.exists() or path.suffix not in (".jsonl", ".json"):
+        return  # read_conversations reads it, refuses it, or looks for it on the hub
+    made = Path(os.path.abspath(path.parent)) == Path(os.path.abspath(CHAT_TASKS_OUT)) and path.name in CHAT_TASKS_FILES
+    writes = f" (python data/chat_tasks.py --out {CHAT_TASKS_OUT} writes it)" if made else ""
+    raise UserError(f"--dataset={spec!r} does not exist{writes}")
 
 
 if __name__ == "__main__":

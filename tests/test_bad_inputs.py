@@ -20,6 +20,7 @@ import interop.pretrained as pretrained_module
 import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
 from data.files import FileLock
+from data.loader import TRAINED
 from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import PROJECT_MODULES, run_cli
@@ -315,6 +316,13 @@ def chat_dataset_of_the_run(workspace: Path) -> None:
                  block_size=32, val_fraction=0.3)  # fmt: skip
 
 
+def chat_dataset_without_trained_val_tokens(workspace: Path) -> None:
+    """data/chat whose val split has no trained token: every reply cut off (its mask as an older prepare.py wrote it)."""
+    chat_dataset_of_the_run(workspace)
+    mask = workspace / "data" / "chat" / "val.mask.bin"
+    mask.write_bytes(bytes(flags & ~TRAINED for flags in mask.read_bytes()))
+
+
 def lora_run(workspace: Path) -> None:
     """out/lora: LoRA adapters of rank 2 trained on out/tiny."""
     Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
@@ -348,6 +356,7 @@ CATALOGUE = [
     Case("config-is-a-directory", "train.py", ["--config", "out"], "config file out cannot be read"),
     Case("invalid-choice", "train.py", [*TRAIN, "--train.dtype=fp8"], "train.dtype='fp8' is not one of auto, float32, bfloat16, float16"),
     Case("init-from-typo", "train.py", [*TRAIN, "--train.init_from=resum"], "train.init_from='resum' is neither scratch nor resume nor a directory (use scratch for a new run, resume to continue"),
+    Case("init-from-a-run-not-trained-yet", "train.py", [*TRAIN, "--train.init_from=out/shakespeare_char"], "train.init_from='out/shakespeare_char' does not exist yet: it is the run of configs/shakespeare_char.toml (train it first: python train.py --config configs/shakespeare_char.toml)"),
     # impossible sizes and settings
     Case("heads-do-not-divide-width", "train.py", [*TRAIN, "--model.n_embd=100", "--model.n_head=3"], "model.n_embd=100 is not divisible by n_head=3"),
     Case("zero-layers", "train.py", [*TRAIN, "--model.n_layer=0"], "model.n_layer=0 must be a positive integer"),
@@ -426,6 +435,7 @@ CATALOGUE = [
     Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
+    Case("sample-a-run-not-trained-yet", "sample.py", ["--out-dir", "out/shakespeare_char"], "no checkpoint at out/shakespeare_char/ckpt.pt: it is the run of configs/shakespeare_char.toml (train it first: python train.py --config configs/shakespeare_char.toml)"),
     Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),
     Case("prompt-longer-than-context", "sample.py", ["--prompt", "x" * 40], "the prompt is 40 tokens but the model's context is block_size=32"),
     Case("negative-temperature", "sample.py", ["--temperature", "-1"], "--temperature=-1.0 is not allowed"),
@@ -572,7 +582,12 @@ CATALOGUE = [
     Case("chat-template-raises", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "chats.jsonl line 1: the chat template cannot render it (roles must alternate)", chat_model_folder("{{ raise_exception('roles must alternate') }}")),
     Case("chat-template-not-jinja", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "the chat template is not valid jinja", chat_model_folder("{% for message in %}")),
     Case("chat-model-folder-without-template", "data/prepare.py", [*CHAT_PREPARE[:4], "chatmodel"], "has no chat template (no chat_template.jinja, no chat_template in tokenizer_config.json)", lambda w: (chat_model_folder("")(w), (w / "chatmodel" / "tokenizer_config.json").write_text("{}"))),
+    Case("chat-tokenizer-run-not-trained-yet", "data/prepare.py", [*CHAT_PREPARE[:4], "out/shakespeare_char"], "--tokenizer='out/shakespeare_char' does not exist yet: it is the run of configs/shakespeare_char.toml (train it first: python train.py --config configs/shakespeare_char.toml)"),
+    Case("chat-tokenizer-folder-with-nothing-to-read", "data/prepare.py", [*CHAT_PREPARE[:4], "out"], "--tokenizer='out' holds no ckpt.pt, meta.json or tokenizer.json (give a run directory with its ckpt.pt, a prepared dataset folder, a model folder, a tokenizer.json, char or gpt2)"),
+    Case("chat-conversations-not-made-yet", "data/prepare.py", ["--dataset", "data/chat_tasks/train.jsonl", "--chat", "--tokenizer", "out/tiny"], "--dataset='data/chat_tasks/train.jsonl' does not exist (python data/chat_tasks.py --out data/chat_tasks writes it)"),
+    Case("chat-replies-all-cut-off", "data/prepare.py", [*CHAT_PREPARE, "--block-size", "8", "--too-long", "truncate"], "the train split of chats.jsonl has no trained token within --block-size=8 tokens of a conversation's start (19 of its 19 conversation(s) cut to that length by --too-long truncate), so training would report a loss over nothing", write_chats(*[{"messages": [{"role": "user", "content": "a question longer than the block"}, CHAT_REPLY]}] * 20)),
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
+    Case("chat-split-without-a-trained-token", "train.py", [*TRAIN, "--data.dataset=chat"], "the val split of data/chat has no trained token that a window of model.block_size=32 tokens reaches, so its loss would be a mean over nothing", chat_dataset_without_trained_val_tokens),
     # options: an unknown one is named with the nearest known one, in one line (errors.ArgumentParser)
     Case("misspelt-sample-option", "sample.py", ["--out-dir", "out/tiny", "--max-tokens", "5"], "error: unrecognized option --max-tokens (did you mean --max-new-tokens?)"),
     Case("misspelt-underscore-option", "sample.py", ["--out-dir", "out/tiny", "--max_new_token=5"], "error: unrecognized option --max_new_token (did you mean --max-new-tokens?)"),

@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from data.chat_tasks import corpus_words, make_sets
+from data.chat_tasks import TASKS, corpus_words, make_sets, turn
+from data.conversations import chat_tokenizer, render_conversation
 from data.files import read_text
+from data.tokenizer import CharTokenizer
 from errors import UserError
 from tests.conftest import PROJECT_ROOT, run_entry_point
 
@@ -95,10 +97,22 @@ def test_every_character_is_one_of_the_corpus():
     assert text.isascii()
 
 
-def test_conversations_alternate_user_and_assistant_turns():
+def test_each_conversation_is_one_question_and_its_answer():
     for record in small_sets(3)["train.jsonl"] + small_sets(3)["val.jsonl"]:
-        roles = [message["role"] for message in record["messages"]]
-        assert roles == ["user", "assistant"] * (len(roles) // 2) and 2 <= len(roles) <= 6
+        assert [message["role"] for message in record["messages"]] == ["user", "assistant"]
+
+
+def test_every_conversation_fits_the_quickstart_models_context_whole():
+    """Rendered through the built-in template with the quickstart's characters, no conversation is
+    longer than its 64 positions: prepare.py's --too-long truncate cuts nothing, and every reply is
+    trained. The longest question and answer are asked of a word of the most letters."""
+    tokenizer = chat_tokenizer(CharTokenizer.from_text(CORPUS))
+    longest = max(WORDS, key=len)
+    records = [{"messages": turn(task, longest)} for task in TASKS]
+    sets = make_sets(WORDS, 4, n_train=20000, n_val=500, n_heldout=200)
+    for record in records + sets["train.jsonl"] + sets["val.jsonl"]:
+        ids, trained = render_conversation(record["messages"], tokenizer, where="chat_tasks")
+        assert len(ids) <= 64 and any(trained), record
 
 
 def test_more_held_out_questions_than_the_corpus_gives_are_refused():

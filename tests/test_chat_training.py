@@ -3,20 +3,24 @@ with none is finite and adds nothing, a chat run resumes exactly, a plain run is
 dataset with its embedding grown, and the other kind of data is refused on resume."""
 
 import json
+import shutil
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+import trainer.loop as loop_module
 from data.conversations import IM_END, IM_START, read_conversations, render_prompt
-from data.loader import TokenDataset
-from data.prepare import prepare_chat
+from data.loader import CONVERSATION_START, TRAINED, RandomWindows, TokenDataset, has_trained_target
+from data.prepare import SEED, in_val, prepare_chat
 from errors import UserError
 from tests.conftest import FixedBatches, capture_gradients, tiny_config
 from trainer.checkpoint import load_checkpoint, model_from_checkpoint
 from trainer.loop import Trainer
 from trainer.metrics import METRICS_NAME
 from trainer.metrics import read_metrics as read_log
+from trainer.objective import Objective
 
 WORDS = ["cat", "dog", "horse", "lamb", "crow", "deer", "mouse", "goat", "swan", "bee"]
 
@@ -101,6 +105,111 @@ def test_a_micro_batch_without_trained_tokens_is_finite_and_adds_nothing(tmp_pat
     assert all(torch.isfinite(p.grad).all() and not p.grad.any() for p in trainer.model.parameters())
     trainer.batches = FixedBatches(x, torch.full_like(x, -1), 4)
     assert trainer.train_step(lr=1e-3).item() == 0.0
+
+
+def test_a_chat_step_without_a_trained_token_logs_no_loss(tmp_path, chat_data):
+    """Its loss would be a mean over nothing: the record keeps its trained_tokens (0) and has no loss;
+    the next step, which has trained tokens, logs one."""
+    run = tmp_path / "run"
+    trainer = Trainer(chat_config(run, chat_data, train__max_iters=2, train__eval_interval=2))
+    draw, drawn = trainer.batches.next_batch, []
+
+    def first_without_targets(*shape):
+        x, y = draw(*shape)
+        drawn.append(x)
+        return (x, torch.full_like(y, -1)) if len(drawn) == 1 else (x, y)
+
+    trainer.batches.next_batch = first_without_targets
+    trainer.fit()
+    steps = [r for r in read_metrics(run) if "trained_tokens" in r]
+    assert [(r["step"], r["trained_tokens"] > 0, "loss" in r) for r in steps] == [(1, False, False), (2, True, True)]
+
+
+def test_an_evaluation_whose_batches_hold_no_trained_token_reports_no_loss(tmp_path, chat_data, monkeypatch, capsys):
+    """A split whose eval_iters batches hold no trained target has no mean: the line says so, and the
+    record leaves its loss, perplexity and bits per byte out (0, 1 and 0 would look like a perfect model)."""
+
+    class ValWithoutTargets(RandomWindows):
+        def next_batch(self, *shape):
+            x, y = super().next_batch(*shape)
+            return (x, torch.full_like(y, -1)) if self.split == "val" else (x, y)
+
+    monkeypatch.setattr(loop_module, "RandomWindows", ValWithoutTargets)
+    run = tmp_path / "run"
+    Trainer(chat_config(run, chat_data, train__max_iters=2, train__eval_interval=2)).fit()
+    evaluations = [r for r in read_metrics(run) if "train_loss" in r]
+    assert [r["step"] for r in evaluations] == [0, 2]
+    assert not any(key.startswith("val_") for r in evaluations for key in r)
+    out = capsys.readouterr().out
+    assert "step 2: train loss " in out
+    assert "val loss undefined (its 2 evaluation batches hold no trained token; a larger train.eval_iters" in out
+
+
+def test_a_trained_token_counts_only_where_a_training_window_reaches_it():
+    """Windows of block_size + 1 tokens start at a conversation that starts block_size + 1 tokens or more
+    before the split's end; their targets are their tokens after the first."""
+    S, R = CONVERSATION_START, TRAINED
+    late = np.array([S, 0, 0, 0, S, 0, R, 0], dtype=np.uint8)  # the second conversation's reply
+    assert not has_trained_target(late, 4)  # only the first conversation has a window: targets 1 .. 4
+    assert has_trained_target(late, 6)  # its window reaches position 6
+    assert not has_trained_target(np.array([S | R, 0, 0, 0, 0], dtype=np.uint8), 3)  # a window's first token
+    assert not has_trained_target(np.array([S, 0, R], dtype=np.uint8), 3)  # no window fits
+
+
+def test_a_split_whose_replies_are_all_cut_off_is_refused_where_it_is_made(tmp_path, plain_run):
+    """--too-long truncate that leaves the val split no trained token: refused, naming the split, how
+    many conversations were cut and the longest, and nothing is written."""
+    long = [{"role": "user", "content": "Spell " + "horse " * 12}, {"role": "assistant", "content": "h o r s e"}]
+    short = [{"role": "user", "content": "Spell cat"}, {"role": "assistant", "content": "c a t"}]
+    records = [long if in_val(i, SEED, 0.25) else short for i in range(40)]
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text("".join(json.dumps({"messages": m}) + "\n" for m in records), encoding="utf-8")
+    cut = sum(m is long for m in records)
+    message = (
+        rf"the val split of chats.jsonl has no trained token within --block-size=64 tokens of a conversation's "
+        rf"start \({cut} of its {cut} conversation\(s\) cut to that length by --too-long truncate\), so training "
+        rf"would report a loss over nothing \(pass a larger --block-size, up to the model's: the longest "
+        rf"conversation is 108 tokens"  # 21 of the template around 78 + 9 characters
+    )
+    with pytest.raises(UserError, match=message):
+        prepare_chat(read_conversations(str(chats)), str(plain_run), tmp_path / "chat", source="chats.jsonl",
+                     block_size=64, val_fraction=0.25, too_long="truncate")  # fmt: skip
+    assert not (tmp_path / "chat").exists()
+
+
+def test_a_chat_split_without_a_trained_token_is_refused_before_training(tmp_path, chat_data):
+    data = tmp_path / "data"
+    shutil.copytree(chat_data / "chat", data / "chat")
+    mask = data / "chat" / "train.mask.bin"
+    mask.write_bytes(bytes(flags & ~TRAINED for flags in mask.read_bytes()))
+    message = "the train split of .* has no trained token that a window of model.block_size=64 tokens reaches"
+    with pytest.raises(UserError, match=message):
+        Trainer(chat_config(tmp_path / "run", data))
+    assert not (tmp_path / "run").exists()
+
+
+def test_val_bench_scores_a_chat_run_on_its_trained_tokens_and_refuses_a_split_without_one(tmp_path, chat_data):
+    """bench/val.py on a chat dataset: a window at every conversation, the trained tokens its targets
+    (the trainer's metric), their mean computed by hand; a split with none is refused, not scored 0."""
+    from bench.val import split_loss
+
+    dataset = TokenDataset(chat_data / "chat")
+    model = Trainer(chat_config(tmp_path / "run", chat_data)).model.eval()
+    loss, windows = split_loss(model, Objective(model.config, 0), dataset, "val", 64, stride=16)
+    starts = dataset.window_starts("val", 64)
+    tokens, mask = torch.from_numpy(dataset.tokens("val").astype(np.int64)), dataset.mask("val")
+    x = torch.stack([tokens[i : i + 64] for i in starts])
+    y = torch.stack([tokens[i + 1 : i + 65] for i in starts])
+    trained = torch.from_numpy(np.stack([mask[i + 1 : i + 65] & TRAINED for i in starts]).astype(bool))
+    with torch.no_grad():
+        logits, _ = model(x)
+    assert windows == len(starts)
+    assert loss == pytest.approx(F.cross_entropy(logits[trained], y[trained]).item(), rel=1e-5)
+    shutil.copytree(chat_data / "chat", tmp_path / "untrained")
+    untrained = tmp_path / "untrained" / "val.mask.bin"
+    untrained.write_bytes(bytes(flags & ~TRAINED for flags in untrained.read_bytes()))
+    with pytest.raises(UserError, match="no window of the val split of .*untrained holds a trained token"):
+        split_loss(model, Objective(model.config, 0), TokenDataset(tmp_path / "untrained"), "val", 64, stride=16)
 
 
 def test_chat_windows_start_at_conversations_and_train_replies_only(chat_data):

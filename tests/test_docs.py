@@ -127,6 +127,8 @@ NOT_RUN = {
     'python bench/gpu.py --out "$OUT/b" --parts decode baby_gpt torchrun': GPU,
     'python bench/gpu.py --out "$OUT/r1" --parts environment gpt2_124m flex decode baby_gpt --budget-scale 0.76': GPU,
     'python bench/gpu.py --out "$OUT/r2" --parts torchrun': GPU,
+    # the chat quickstart's earlier preparation (docs/benchmarks-history.md): the README's command has prepared that folder
+    "python data/prepare.py --dataset data/chat_tasks/train.jsonl --chat --tokenizer out/shakespeare_char --block-size 64 --too-long truncate --out data/chat_shakespeare_char": "an earlier form of the README's command, whose folder the README has prepared",
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
     # a synopsis, or a template with parts to fill in

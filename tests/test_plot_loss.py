@@ -57,6 +57,23 @@ def test_a_run_still_writing_its_metrics_can_be_plotted(two_runs, tmp_path, caps
     assert capsys.readouterr().out.splitlines()[1].split()[:2] == ["running", "3"]
 
 
+def test_a_chat_step_logged_without_a_trained_token_draws_no_loss(two_runs, tmp_path):
+    """A run's metrics.jsonl from before such steps went unlogged: its loss of 0 is a mean over nothing,
+    so it is left off the curve and out of the y range."""
+    run = tmp_path / "chat"
+    run.mkdir()
+    (run / "config.toml").write_text((two_runs[0] / "config.toml").read_text())
+    records = [
+        {"step": 1, "loss": 2.5, "trained_tokens": 40},
+        {"step": 2, "loss": 0.0, "trained_tokens": 0},
+        {"step": 3, "loss": 2.25, "trained_tokens": 38},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert Run.read(str(run)).curve("loss", "steps") == ([1, 3], [2.5, 2.25])
+    low, _ = plot.loss_range([Run.read(str(run))], lambda run: 0)
+    assert low > 2.0
+
+
 def test_a_directory_without_metrics_is_refused_in_one_line(two_runs, tmp_path):
     result = run_script("plot.py", "loss", str(two_runs[0]), str(tmp_path), "--out", str(tmp_path / "loss.png"))
     assert result.returncode == 2

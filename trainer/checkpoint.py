@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from data.files import atomic_open
+from data.files import atomic_open, shipped_run
 from data.loader import RandomWindows, check_meta
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
@@ -114,7 +114,8 @@ def restore_rng_state(rng: dict, device: torch.device, batches: RandomWindows, o
 def load_checkpoint(path: Path) -> dict:
     """Load a checkpoint onto the CPU; any problem is a UserError naming the file."""
     if not path.is_file():
-        raise UserError(f"no checkpoint at {path}")
+        run = shipped_run(Path(path).parent)
+        raise UserError(f"no checkpoint at {path}" + (f": {run}" if run else ""))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torch.load fails on damaged files in many ways; each means the same here

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from data.files import shipped_run
 from data.loader import SPLITS, RandomWindows, TokenDataset
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
@@ -46,6 +47,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.config import (
+    CHECKPOINT_NAME,
     INIT_FROM,
     Config,
     TrainConfig,
@@ -315,9 +317,10 @@ class Trainer:
         restore_rng_state(start, self.device, self.batches, self.objective)
 
     @torch.no_grad()
-    def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float] | None:
+    def evaluate(self, stop: "StopSignals | None" = None) -> dict[str, float | None] | None:
         """Mean loss over the targets of eval_iters batches of each split, in every process (a chat
-        dataset's trained tokens only). The batches
+        dataset's trained tokens only); None for a split whose batches hold no target (a chat split
+        whose replies are few), where a mean is undefined. The batches
         are the same at every evaluation (their own fixed seed), so successive values compare like for like.
         With stop, a stop request ends the evaluation after the batch it is agreed on: None."""
         train = self.cfg.train
@@ -348,7 +351,8 @@ class Trainer:
                     batches += 1
                     if agreement is not None and agreement.requested(batches) is not None:
                         return None
-                losses[split] = (self.world.sum(total) / self.world.sum(counted).clamp(min=1)).item()
+                counted = self.world.sum(counted)
+                losses[split] = (self.world.sum(total) / counted).item() if counted > 0 else None
             return losses
         finally:
             self.model.train()
@@ -358,10 +362,12 @@ class Trainer:
         losses = self.evaluate(stop)
         if losses is None:
             return False
-        if not all(math.isfinite(loss) for loss in losses.values()):
+        if not all(math.isfinite(loss) for loss in losses.values() if loss is not None):
             self._diverged(f"the evaluation loss is {losses}")
         record = {"step": self.step}
         for split, loss in losses.items():
+            if loss is None:
+                continue  # no target, no mean: the record leaves the split out rather than write a 0
             record[f"{split}_loss"] = loss
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
             # nats per token -> bits per token -> bits per byte of text: comparable across tokenizers
@@ -371,13 +377,25 @@ class Trainer:
             return False
         self._record(record | metrics_record(results))
         if self.world.is_main:
-            write(
-                f"step {self.step}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f} "
-                f"(perplexity {record['val_perplexity']:.2f}, {record['val_bpb']:.4f} bits per byte)"
-            )
+            write(f"step {self.step}: " + ", ".join(self._loss_summary(split, record) for split in SPLITS))
             if results:
                 write(f"step {self.step}: " + "; ".join(summary_lines(results)))
         return True
+
+    def _loss_summary(self, split: str, record: dict) -> str:
+        """The evaluation line's part for one split: its loss (val: with perplexity and bits per byte),
+        or why it has none."""
+        if f"{split}_loss" not in record:
+            return (
+                f"{split} loss undefined (its {self.cfg.train.eval_iters} evaluation batches hold no trained token; "
+                f"a larger train.eval_iters reads more)"
+            )
+        if split == "train":
+            return f"train loss {record['train_loss']:.4f}"
+        return (
+            f"val loss {record['val_loss']:.4f} (perplexity {record['val_perplexity']:.2f}, "
+            f"{record['val_bpb']:.4f} bits per byte)"
+        )
 
     def _score_tasks(self, stop: "StopSignals") -> list[TaskResult] | None:
         """The [eval] tasks' figures at every eval.every-th evaluation and at the last step, else none;
@@ -407,7 +425,9 @@ class Trainer:
             return None
 
     def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
-        """Record the mean loss over all processes; stop the run if it is not a finite number."""
+        """Record the mean loss over all processes; stop the run if it is not a finite number. A chat
+        step whose batches held no trained token has no mean: its record has no loss, and the
+        progress bar shows none."""
         loss_value = self.world.mean(loss).item()
         if not math.isfinite(loss_value):
             self._diverged(f"the train loss is {loss_value}")
@@ -417,10 +437,11 @@ class Trainer:
         if self.dataset.chat:  # of the step's tokens, those with a loss (the replies, by default)
             record["trained_tokens"] = int(self.trained_tokens.item())
             trained = {"trained": f"{record['trained_tokens']:,}"}
+            if record["trained_tokens"] == 0:
+                del record["loss"]
         self._record(record)
-        progress.set_postfix(
-            loss=f"{loss_value:.4f}", tok_s=f"{record['tokens_per_sec']:,.0f}", **trained, refresh=False
-        )
+        shown = f"{loss_value:.4f}" if "loss" in record else "-"
+        progress.set_postfix(loss=shown, tok_s=f"{record['tokens_per_sec']:,.0f}", **trained, refresh=False)
         best = self.slowdown.update(record["tokens_per_sec"])
         if best is not None and self.device.type == "cpu" and self.world.is_main:
             progress.write(
@@ -535,7 +556,13 @@ class Trainer:
 
 
 def _check_init_from(init_from: str) -> None:
-    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one."""
+    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one,
+    and the run directory of a shipped config that has no checkpoint yet (not a hub id) with the command
+    that trains it."""
+    path, run = Path(init_from), shipped_run(Path(init_from))
+    if run and not any((path / name).is_file() for name in (CHECKPOINT_NAME, "config.json")):
+        state = "does not exist yet" if not path.exists() else f"holds no {CHECKPOINT_NAME} yet"
+        raise UserError(f"train.init_from={init_from!r} {state}: {run}")
     if init_from in INIT_FROM or Path(init_from).is_dir() or Path(init_from).is_file() or is_hub_id(init_from):
         return
     close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
