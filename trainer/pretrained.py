@@ -7,7 +7,9 @@ import json
 import pickle
 import re
 from pathlib import Path
+from typing import NamedTuple
 
+import tokenizers
 import torch
 
 from data.chat import end_of_turn, folder_template
@@ -209,6 +211,71 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
     return family
+
+
+class SpecialTokens(NamedTuple):
+    """The ids of a tokenizer's special tokens as an export writes them (None: it has no such token),
+    and whether its encoder adds bos before a text (and eos after it)."""
+
+    bos: int | None
+    eos: int | None
+    eot: int | None  # the token that ends a reply (a chat model's)
+    pad: int | None
+    add_bos: bool
+    add_eos: bool
+
+
+def special_tokens(tokenizer: Tokenizer) -> SpecialTokens:
+    """The special tokens of tokenizer, the model folder's own where it came from one: bos, eos and pad
+    are the tokens its tokenizer_config.json names (a run's dataset metadata keeps them with the chat
+    template); a bos not named is the token its tokenizer.json adds before a text (Llama 3's
+    <|begin_of_text|>), else the end-of-text token, which is also an eos not named (GPT-2's is both);
+    eot is the token that ends a reply, where it has a chat template. add_bos and add_eos: whether its
+    tokenizer.json's post-processor adds them, as transformers' tokenizer then does. A named token that
+    is none of the tokenizer's is refused by name."""
+    names = tokenizer.template_variables
+    named = {
+        role: _token_id(tokenizer, role, names[f"{role}_token"])
+        for role in ("bos", "eos", "pad")
+        if f"{role}_token" in names
+    }
+    before, after = _added_around_text(tokenizer)
+    bos = named.get("bos", before[0] if before else tokenizer.eot_token)
+    eos = named.get("eos", tokenizer.eot_token)
+    stops = end_of_turn(tokenizer) if tokenizer.chat_template is not None else []
+    add_bos, add_eos = bos is not None and before[:1] == [bos], eos is not None and after[-1:] == [eos]
+    return SpecialTokens(bos, eos, stops[0] if stops else None, named.get("pad"), add_bos, add_eos)
+
+
+def _token_id(tokenizer: Tokenizer, role: str, token: str) -> int:
+    """The id of the token that tokenizer_config.json names by its text as role_token (bos_token, ...)."""
+    token_id = tokenizer.specials.get(token)
+    if token_id is None and isinstance(tokenizer, JsonTokenizer):
+        token_id = tokenizer.tokenizer.token_to_id(token)
+    if token_id is None:
+        raise UserError(
+            f"{getattr(tokenizer, 'source', tokenizer.name)} has no token {token!r}, which tokenizer_config.json "
+            f"names as its {role}_token (add the token to the tokenizer, or name one it has)"
+        )
+    return token_id
+
+
+def _added_around_text(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer.json's post-processor puts before a text and after it (Llama 3's: <|begin_of_text|>
+    before); none for the other tokenizers, which add nothing. Seen on the text of its first ordinary token."""
+    if not isinstance(tokenizer, JsonTokenizer):
+        return [], []
+    encoder = tokenizers.Tokenizer.from_str(tokenizer.text)
+    encoder.no_truncation()
+    encoder.no_padding()
+    ordinary = min(set(range(tokenizer.vocab_size)) - set(tokenizer.specials.values()), default=None)
+    text = "" if ordinary is None else tokenizer.decode([ordinary])
+    plain = encoder.encode(text, add_special_tokens=False).ids
+    added = encoder.encode(text, add_special_tokens=True).ids
+    for start in range(len(added) - len(plain) + 1):
+        if added[start : start + len(plain)] == plain:
+            return added[:start], added[start + len(plain) :]
+    return [], []  # post-processors add tokens around a text and leave its own ids: not reached
 
 
 def check_export_folder(directory: Path) -> None:
