@@ -2,6 +2,8 @@
 settings, tokenizer and our tensors; where llama-cpp-python is installed (pip install
 llama-cpp-python), llama.cpp's greedy continuation equals sample.py --temperature 0."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 gguf = pytest.importorskip("gguf")  # a dependency, yet missing on CUDA images that run the other tests
 
 from data.chat import chat_tokenizer  # noqa: E402
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
+from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
 from errors import UserError  # noqa: E402
 from model.families import FAMILY_BY_TYPE, split_gate_up, split_qkv  # noqa: E402
 from model.gguf import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope  # noqa: E402
@@ -429,6 +431,23 @@ def test_a_run_fine_tuned_from_a_llama3_folder_keeps_its_special_tokens_in_the_f
     assert_the_folders_special_tokens(gguf.GGUFReader(tmp_path / "run.gguf"), folder)
 
 
+def test_a_chat_model_trained_with_documents_is_written_as_the_plain_causal_model_with_a_note(tmp_path):
+    characters = CharTokenizer.from_text("\n !AB Hi Hello user assistant system")
+    tokenizer = chat_tokenizer(characters)
+    eot = tokenizer.eot_token
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, attn_documents=True, eot_token=eot), 3)
+    path = tmp_path / "chat.gguf"
+    with pytest.raises(UserError, match="model.attn_documents=true is computed by no llama.cpp architecture"):
+        export_gguf(model, CharTokenizer(characters.chars, (END_OF_TEXT,)), path, "float32", source=tmp_path)
+    assert not path.exists()
+    notes = io.StringIO()
+    with contextlib.redirect_stderr(notes):
+        arch = export_gguf(model, tokenizer, path, "float32", source=tmp_path / "run")
+    assert arch == "gpt2" == field(gguf.GGUFReader(path), "general.architecture")
+    assert notes.getvalue().count("\n") == 1
+    assert notes.getvalue().startswith("note: model.attn_documents=true is written as the plain causal model")
+
+
 def llama_cpp_chat_prompt(llm, messages: list[dict]) -> list[int]:
     """The ids llama-cpp-python's chat completion gives the model for messages through the handler that
     renders the file's template with the file's bos and eos (where it recognises a template, Llama 3's,
@@ -482,3 +501,63 @@ def test_llama_cpp_renders_a_llama3_chat_as_transformers_does(source, llama3_cha
         expected = their_ids(theirs, messages[:-1], add_generation_prompt=True)
         assert llama_cpp_chat_prompt(llm, messages[:-1]) == expected
         assert llama_cpp_template_prompt(llm, llama_cpp, messages[:-1]) == expected
+
+
+@pytest.fixture(scope="module")
+def documents_chat_run(tmp_path_factory, data_dir):
+    """A tiny character model trained with model.attn_documents on spelling conversations (the
+    quickstart's 65 characters, the built-in template), long enough to answer in letters."""
+    from data.chat import Conversation
+    from data.prepare import prepare_chat
+
+    root = tmp_path_factory.mktemp("documents_chat")
+    spelling = [
+        Conversation(
+            [{"role": "user", "content": f"spell: {word}"}, {"role": "assistant", "content": " ".join(word)}],
+            f"chat {i}",
+        )  # fmt: skip
+        for i, word in enumerate(["dog", "cat", "lamb", "crow", "deer", "goat", "swan", "bee", "horse", "mouse"] * 3)
+    ]
+    prepare_chat(spelling, str(data_dir / "shakespeare_char"), root / "chat", source="spelling", block_size=64,
+                 val_fraction=0.2)  # fmt: skip
+    steps = {"train__max_iters": 150, "optim__lr_decay_iters": 150, "train__eval_interval": 150}
+    cfg = tiny_config(root / "run", root, data__dataset="chat", model__block_size=128, model__attn_documents=True,
+                      optim__learning_rate=1e-2, optim__min_lr=1e-3, **steps)  # fmt: skip
+    Trainer(cfg).fit()
+    return root / "run"
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_chat_replies_as_sample_py_chat_to_a_model_trained_with_documents(documents_chat_run, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tests.test_chat_command import run_sample, talk
+    from trainer.chat import Sampling
+    from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+
+    run = documents_chat_run
+    model, tokenizer = model_from_checkpoint(load_checkpoint(run / "ckpt.pt"), run)
+    path = tmp_path / "chat.gguf"
+    written = run_script("sample.py", "--out-dir", str(run), "--export-gguf", str(path))
+    assert written.returncode == 0, written.stderr
+    assert "note: model.attn_documents=true is written as the plain causal model" in written.stderr
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=model.config.block_size, verbose=False, n_threads=1, **cache)
+
+    def their_reply(messages: list[dict], new_tokens: int) -> str:
+        reply = llm.create_chat_completion(messages, max_tokens=new_tokens, temperature=0)
+        return reply["choices"][0]["message"]["content"]
+
+    printed = run_sample("--out-dir", str(run), "--chat", "--prompt", "spell: dog", "--temperature", "0",
+                         "--max-new-tokens", "12")  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert (
+        printed.stdout.strip() and their_reply([{"role": "user", "content": "spell: dog"}], 12) + "\n" == printed.stdout
+    )
+    # turn by turn, each reply joining the conversation the next one continues
+    messages, _, notes = talk(
+        model, tokenizer, "spell: cat", "spell: bee", system="Be brief.", sampling=Sampling(12, 0)
+    )
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"] and not notes
+    for turn in (2, 4):
+        assert their_reply(messages[:turn], 12) == messages[turn]["content"]

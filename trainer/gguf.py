@@ -22,7 +22,7 @@ from errors import UserError
 from model import GPT
 from model.families import gguf_family_for, non_finite
 from model.gguf import add_model, add_tensors, gguf_tensors, is_export
-from trainer.pretrained import SpecialTokens, special_tokens
+from trainer.pretrained import SpecialTokens, exported_config, note_plain_causal, special_tokens
 
 GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
@@ -73,9 +73,11 @@ def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
 
 def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
     """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
-    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. Everything
-    is checked before the file is written, and the file appears whole or not at all."""
-    config = model.config
+    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. A chat model
+    trained with model.attn_documents is written as the plain causal model, as --export writes it, with a
+    note saying so (exported_config). Everything is checked before the file is written, and the file
+    appears whole or not at all."""
+    config = exported_config(model.config, tokenizer)
     try:
         family = gguf_family_for(config)
     except ValueError as e:
@@ -103,6 +105,7 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
         temporary.replace(path)  # the file appears whole, replacing an earlier export only now
     finally:
         temporary.unlink(missing_ok=True)
+    note_plain_causal(model.config, tokenizer)
     return family.gguf.arch
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import pickle
 import re
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -177,15 +178,12 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json (with the
     chat template and its named tokens, where the tokenizer has one, and then generation_config.json:
     where generate stops), which transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the
-    family. Weights that are
+    family. A chat model trained with model.attn_documents is written as the plain causal model, with a
+    note saying so (exported_config). Weights that are
     not all finite numbers are refused before anything is written: import would refuse the folder.
     The folder is new, or holds none of those files and no other model: nothing there is replaced or
     removed."""
-    config = model.config
-    if config.attn_documents and not config.attn_document_positions and tokenizer.chat_template is not None:
-        # documents are a matter of training: a conversation is one document, and over one document the
-        # model computes what the plain causal model computes (docs/chat.md)
-        config = dataclasses.replace(config, attn_documents=False)
+    config = exported_config(model.config, tokenizer)
     try:
         family = family_for(config)
     except ValueError as e:
@@ -210,7 +208,35 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     for name, text in files.items():
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
+    note_plain_causal(model.config, tokenizer)
     return family
+
+
+def plain_causal_chat_model(config: GPTConfig, tokenizer: Tokenizer) -> bool:
+    """Whether a model trained with model.attn_documents is exported (--export, --export-gguf) as the plain
+    causal model: a chat model's documents are its conversations, a chat program sends one conversation,
+    and over one document the two compute the same (docs/chat.md)."""
+    return config.attn_documents and not config.attn_document_positions and tokenizer.chat_template is not None
+
+
+def exported_config(config: GPTConfig, tokenizer: Tokenizer) -> GPTConfig:
+    """The config a model is exported as: a chat model's documents dropped (plain_causal_chat_model)."""
+    if plain_causal_chat_model(config, tokenizer):
+        return dataclasses.replace(config, attn_documents=False)
+    return config
+
+
+def note_plain_causal(config: GPTConfig, tokenizer: Tokenizer) -> None:
+    """Say on stderr, in one line, what an export that wrote a chat model as the plain causal model
+    (plain_causal_chat_model) assumes; nothing for any other model."""
+    if plain_causal_chat_model(config, tokenizer):
+        separator = tokenizer.decode([config.eot_token])
+        print(
+            f"note: model.attn_documents=true is written as the plain causal model, which computes the same over "
+            f"one document: a prompt of one conversation, as chat programs send, is read as in training; one "
+            f"holding {separator} is read whole, where sample.py reads only its last document",
+            file=sys.stderr,
+        )
 
 
 class SpecialTokens(NamedTuple):
