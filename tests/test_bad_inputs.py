@@ -169,7 +169,7 @@ def gpt2_dir(
         (workspace / "gpt2" / "model.safetensors").write_bytes(
             struct.pack("<Q", len(header_bytes)) + header_bytes + data[8 + header_len :]
         )
-        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], eos_token_id=None)
+        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], bos_token_id=None, eos_token_id=None)
         config(settings)
         (workspace / "gpt2" / "config.json").write_text(json.dumps(settings))
 

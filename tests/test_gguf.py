@@ -431,6 +431,23 @@ def test_a_run_fine_tuned_from_a_llama3_folder_keeps_its_special_tokens_in_the_f
     assert_the_folders_special_tokens(gguf.GGUFReader(tmp_path / "run.gguf"), folder)
 
 
+@pytest.mark.parametrize("source", ["folder", "run"])
+def test_the_hugging_face_export_names_the_special_tokens_the_gguf_file_names(source, llama3_chat_run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder, run = llama3_chat_run
+    model = ["--init-from", str(folder)] if source == "folder" else ["--out-dir", str(run)]
+    for flag, path in (("--export", tmp_path / "exported"), ("--export-gguf", tmp_path / "m.gguf")):
+        written = run_script("sample.py", *model, flag, str(path))
+        assert written.returncode == 0, written.stderr
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    bos, eos = field(reader, "tokenizer.ggml.bos_token_id"), field(reader, "tokenizer.ggml.eos_token_id")
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (bos, eos)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    assert (theirs.bos_token_id, theirs.eos_token_id) == (bos, eos)
+    assert theirs("spell").input_ids[0] == bos  # the folder's tokenizer.json, which adds bos, travels as it is
+
+
 def test_a_chat_model_trained_with_documents_is_written_as_the_plain_causal_model_with_a_note(tmp_path):
     characters = CharTokenizer.from_text("\n !AB Hi Hello user assistant system")
     tokenizer = chat_tokenizer(characters)
@@ -446,6 +463,10 @@ def test_a_chat_model_trained_with_documents_is_written_as_the_plain_causal_mode
     assert arch == "gpt2" == field(gguf.GGUFReader(path), "general.architecture")
     assert notes.getvalue().count("\n") == 1
     assert notes.getvalue().startswith("note: model.attn_documents=true is written as the plain causal model")
+    folder_notes = io.StringIO()
+    with contextlib.redirect_stderr(folder_notes):  # --export follows the same rule and says the same
+        export_model(model, tokenizer, tmp_path / "folder")
+    assert folder_notes.getvalue() == notes.getvalue()
 
 
 def llama_cpp_chat_prompt(llm, messages: list[dict]) -> list[int]:

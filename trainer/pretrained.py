@@ -15,7 +15,7 @@ import torch
 
 from data.chat import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, make_dir
-from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
+from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from model import GPT, GPTConfig
 from model.families import Family, family_for, hf_config, non_finite, tensors_to_hf
@@ -191,16 +191,17 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     problem = non_finite(model.state_dict())
     if problem is not None:
         raise UserError(f"--export cannot write this model: its weight {problem} (export one from before it diverged)")
+    special = special_tokens(tokenizer)
     check_export_folder(directory)
     make_dir(directory)
-    hf = hf_config(config, family, tokenizer.eot_token)
+    hf = hf_config(config, family, special.bos, special.eos)
     hf["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
     tensors = tensors_to_hf(model.state_dict(), config, family)
     with atomic_open(directory / SAFETENSORS_NAME) as f:
         write_safetensors(tensors, f, metadata={"format": "pt"})
     files = {
         TOKENIZER_NAME: tokenizer.to_json(),
-        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, special), indent=2) + "\n",
     }
     if tokenizer.chat_template is not None:
         files[GENERATION_CONFIG_NAME] = json.dumps(generation_config(tokenizer, config.block_size), indent=2) + "\n"
@@ -310,13 +311,15 @@ def check_export_folder(directory: Path) -> None:
     check_output_folder(directory, "--export", [*EXPORT_FILES, *_model_files(directory)])
 
 
-def tokenizer_config(tokenizer: Tokenizer) -> dict:
+def tokenizer_config(tokenizer: Tokenizer, special: SpecialTokens) -> dict:
     """tokenizer_config.json: the plain fast tokenizer over tokenizer.json, which adds no token of its
-    own and leaves decoded spaces as they are, so that decoding gives exactly what sample.py prints."""
+    own (but those its post-processor adds) and leaves decoded spaces as they are, so that decoding gives
+    exactly what sample.py prints; its bos, eos and pad are the special tokens' (special_tokens)."""
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    if tokenizer.eot_token is not None:
-        eot = tokenizer.decode([tokenizer.eot_token]) if isinstance(tokenizer, JsonTokenizer) else END_OF_TEXT
-        config |= {"eos_token": eot, "bos_token": eot}
+    for role in ("bos", "eos", "pad"):
+        token_id = getattr(special, role)
+        if token_id is not None:
+            config[f"{role}_token"] = tokenizer.decode([token_id])
     if tokenizer.chat_template is not None:
         # the template and the named tokens it is rendered with (its eos_token is where a reply ends), so
         # that apply_chat_template gives the ids sample.py --chat feeds the model
