@@ -361,8 +361,9 @@ def gguf_family_for(config: GPTConfig) -> Family:
     return family_for(config, GGUF_FAMILIES, reader="llama.cpp architecture")
 
 
-def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> dict:
-    """config.json for the family's transformers class, computing what config computes."""
+def hf_config(config: GPTConfig, family: Family, bos_token_id: int | None, eos_token_id: int | None) -> dict:
+    """config.json for the family's transformers class, computing what config computes, naming its
+    tokenizer's bos and eos by id."""
     hf: dict[str, object] = {"model_type": family.model_type, "architectures": [family.architecture]}
     values = resolved(config)
     rope = {"rope_type": "default"}
@@ -385,7 +386,7 @@ def hf_config(config: GPTConfig, family: Family, eos_token_id: int | None) -> di
     # written even when None (null: a character vocabulary has no end-of-text token), since a config.json
     # without them reads as its class's defaults (GPT-2's 50256, Llama's 1 and 2), which transformers'
     # save_pretrained then writes down: ids beyond a small vocabulary, or characters taken for text's end
-    hf["bos_token_id"] = hf["eos_token_id"] = eos_token_id
+    hf["bos_token_id"], hf["eos_token_id"] = bos_token_id, eos_token_id
     return hf
 
 

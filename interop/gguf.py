@@ -16,12 +16,12 @@ from pathlib import Path
 
 import gguf
 
-from data.conversations import end_of_turn
 from data.files import check_output_file, make_dir
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
 from interop.families import gguf_family_for, non_finite
 from interop.gguf_tensors import add_model, add_tensors, gguf_tensors, is_export
+from interop.pretrained import SpecialTokens, exported_config, note_plain_causal, special_tokens
 from model import GPT
 
 GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
@@ -54,7 +54,7 @@ def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, 
     dtype = "float32" if dtype == "auto" else dtype
     arch = export_gguf(model, tokenizer, path, dtype, source)
     print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
-    if tokenizer.eot_token is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
+    if special_tokens(tokenizer).eos is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
         shown = tokenizer.decode([LLAMA_CPP_DEFAULT_EOS])
         print(
             f"note: this vocabulary has no end-of-text token, and llama.cpp takes token {LLAMA_CPP_DEFAULT_EOS} "
@@ -73,10 +73,13 @@ def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
 
 def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
     """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
-    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. Everything
-    is checked before the file is written, and the file appears whole or not at all."""
+    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. A chat model
+    trained with model.attn_documents is written as the plain causal model, as --export writes it, with a
+    note saying so (exported_config). Everything is checked before the file is written, and the file
+    appears whole or not at all."""
+    config = exported_config(model.config, tokenizer)
     try:
-        family = gguf_family_for(model.config)
+        family = gguf_family_for(config)
     except ValueError as e:
         raise UserError(f"--export-gguf cannot write this model: {e}") from None
     state = model.state_dict()
@@ -85,14 +88,15 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
         raise UserError(
             f"--export-gguf cannot write this model: its weight {problem} (export one from before it diverged)"
         )
-    vocabulary = gguf_vocabulary(tokenizer, model.config.vocab_size)
-    tensors = gguf_tensors(state, model.config, family)
+    vocabulary = gguf_vocabulary(tokenizer, config.vocab_size)
+    special = special_tokens(tokenizer)
+    tensors = gguf_tensors(state, config, family)
     make_dir(Path(path).parent)
     temporary = Path(path).with_name(f".{Path(path).name}.tmp")
     writer = gguf.GGUFWriter(temporary, family.gguf.arch)
     try:
-        add_model(writer, model.config, family, name=Path(path).stem, source=str(source))
-        add_tokenizer(writer, tokenizer, vocabulary)
+        add_model(writer, config, family, name=Path(path).stem, source=str(source))
+        add_tokenizer(writer, tokenizer, vocabulary, special)
         add_tensors(writer, tensors, dtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
@@ -101,6 +105,7 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
         temporary.replace(path)  # the file appears whole, replacing an earlier export only now
     finally:
         temporary.unlink(missing_ok=True)
+    note_plain_causal(model.config, tokenizer)
     return family.gguf.arch
 
 
@@ -180,22 +185,24 @@ def pre_tokenizer_name(state: dict, source: str) -> str:
     return name
 
 
-def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: dict) -> None:
-    """The tokenizer's metadata: llama.cpp's byte-level BPE, end-of-text as both its bos and eos
-    (sample.py adds neither to a prompt, nor does llama.cpp here), and the chat template with the
-    token that ends a reply."""
+def add_tokenizer(writer: "gguf.GGUFWriter", tokenizer: Tokenizer, vocabulary: dict, special: SpecialTokens) -> None:
+    """The tokenizer's metadata: llama.cpp's byte-level BPE, its special tokens (bos, eos, the end of a
+    reply, padding) and whether llama.cpp adds bos and eos to a text as the tokenizer does, and the chat
+    template, which llama.cpp renders with the bos and eos written here."""
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(vocabulary["pre"])
     writer.add_token_list(vocabulary["tokens"])
     writer.add_token_types(vocabulary["types"])
     writer.add_token_merges(vocabulary["merges"] or [NO_MERGE])
-    writer.add_add_bos_token(False)
-    writer.add_add_eos_token(False)
-    if tokenizer.eot_token is not None:
-        writer.add_bos_token_id(tokenizer.eot_token)
-        writer.add_eos_token_id(tokenizer.eot_token)
+    writer.add_add_bos_token(special.add_bos)
+    writer.add_add_eos_token(special.add_eos)
+    for token_id, add in (
+        (special.bos, writer.add_bos_token_id),
+        (special.eos, writer.add_eos_token_id),
+        (special.eot, writer.add_eot_token_id),
+        (special.pad, writer.add_pad_token_id),
+    ):
+        if token_id is not None:
+            add(token_id)
     if tokenizer.chat_template is not None:
         writer.add_chat_template(tokenizer.chat_template)
-        stops = end_of_turn(tokenizer)
-        if stops:
-            writer.add_eot_token_id(stops[0])

@@ -6,14 +6,17 @@ import dataclasses
 import json
 import pickle
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
+import tokenizers
 import torch
 
 from data.conversations import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, make_dir
-from data.tokenizer import END_OF_TEXT, GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
+from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
 from errors import UserError
 from interop.families import Family, family_for, hf_config, non_finite, tensors_to_hf
 from interop.hf import SAFETENSORS_NAME, load_dir, write_safetensors
@@ -178,15 +181,12 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     model.safetensors (the weights in their dtype), tokenizer.json and tokenizer_config.json (with the
     chat template and its named tokens, where the tokenizer has one, and then generation_config.json:
     where generate stops), which transformers' AutoModelForCausalLM and AutoTokenizer load. Returns the
-    family. Weights that are
+    family. A chat model trained with model.attn_documents is written as the plain causal model, with a
+    note saying so (exported_config). Weights that are
     not all finite numbers are refused before anything is written: import would refuse the folder.
     The folder is new, or holds none of those files and no other model: nothing there is replaced or
     removed."""
-    config = model.config
-    if config.attn_documents and not config.attn_document_positions and tokenizer.chat_template is not None:
-        # documents are a matter of training: a conversation is one document, and over one document the
-        # model computes what the plain causal model computes (docs/chat.md)
-        config = dataclasses.replace(config, attn_documents=False)
+    config = exported_config(model.config, tokenizer)
     try:
         family = family_for(config)
     except ValueError as e:
@@ -194,16 +194,17 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     problem = non_finite(model.state_dict())
     if problem is not None:
         raise UserError(f"--export cannot write this model: its weight {problem} (export one from before it diverged)")
+    special = special_tokens(tokenizer)
     check_export_folder(directory)
     make_dir(directory)
-    hf = hf_config(config, family, tokenizer.eot_token)
+    hf = hf_config(config, family, special.bos, special.eos)
     hf["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")
     tensors = tensors_to_hf(model.state_dict(), config, family)
     with atomic_open(directory / SAFETENSORS_NAME) as f:
         write_safetensors(tensors, f, metadata={"format": "pt"})
     files = {
         TOKENIZER_NAME: tokenizer.to_json(),
-        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer), indent=2) + "\n",
+        "tokenizer_config.json": json.dumps(tokenizer_config(tokenizer, special), indent=2) + "\n",
     }
     if tokenizer.chat_template is not None:
         files[GENERATION_CONFIG_NAME] = json.dumps(generation_config(tokenizer, config.block_size), indent=2) + "\n"
@@ -211,6 +212,7 @@ def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
     for name, text in files.items():
         with atomic_open(directory / name) as f:
             f.write(text.encode("utf-8"))
+    note_plain_causal(model.config, tokenizer)
     return family
 
 
@@ -221,13 +223,107 @@ def check_export_folder(directory: Path, key: str = "--export", writes: Iterable
     check_output_folder(directory, key, [*writes, *_model_files(directory)])
 
 
-def tokenizer_config(tokenizer: Tokenizer) -> dict:
+def plain_causal_chat_model(config: GPTConfig, tokenizer: Tokenizer) -> bool:
+    """Whether a model trained with model.attn_documents is exported (--export, --export-gguf) as the plain
+    causal model: a chat model's documents are its conversations, a chat program sends one conversation,
+    and over one document the two compute the same (docs/chat.md)."""
+    return config.attn_documents and not config.attn_document_positions and tokenizer.chat_template is not None
+
+
+def exported_config(config: GPTConfig, tokenizer: Tokenizer) -> GPTConfig:
+    """The config a model is exported as: a chat model's documents dropped (plain_causal_chat_model)."""
+    if plain_causal_chat_model(config, tokenizer):
+        return dataclasses.replace(config, attn_documents=False)
+    return config
+
+
+def note_plain_causal(config: GPTConfig, tokenizer: Tokenizer) -> None:
+    """Say on stderr, in one line, what an export that wrote a chat model as the plain causal model
+    (plain_causal_chat_model) assumes; nothing for any other model."""
+    if plain_causal_chat_model(config, tokenizer):
+        separator = tokenizer.decode([config.eot_token])
+        print(
+            f"note: model.attn_documents=true is written as the plain causal model, which computes the same over "
+            f"one document: a prompt of one conversation, as chat programs send, is read as in training; one "
+            f"holding {separator} is read whole, where sample.py reads only its last document",
+            file=sys.stderr,
+        )
+
+
+class SpecialTokens(NamedTuple):
+    """The ids of a tokenizer's special tokens as an export writes them (None: it has no such token),
+    and whether its encoder adds bos before a text (and eos after it)."""
+
+    bos: int | None
+    eos: int | None
+    eot: int | None  # the token that ends a reply (a chat model's)
+    pad: int | None
+    add_bos: bool
+    add_eos: bool
+
+
+def special_tokens(tokenizer: Tokenizer) -> SpecialTokens:
+    """The special tokens of tokenizer, the model folder's own where it came from one: bos, eos and pad
+    are the tokens its tokenizer_config.json names (a run's dataset metadata keeps them with the chat
+    template); a bos not named is the token its tokenizer.json adds before a text (Llama 3's
+    <|begin_of_text|>), else the end-of-text token, which is also an eos not named (GPT-2's is both);
+    eot is the token that ends a reply, where it has a chat template. add_bos and add_eos: whether its
+    tokenizer.json's post-processor adds them, as transformers' tokenizer then does. A named token that
+    is none of the tokenizer's is refused by name."""
+    names = tokenizer.template_variables
+    named = {
+        role: _token_id(tokenizer, role, names[f"{role}_token"])
+        for role in ("bos", "eos", "pad")
+        if f"{role}_token" in names
+    }
+    before, after = _added_around_text(tokenizer)
+    bos = named.get("bos", before[0] if before else tokenizer.eot_token)
+    eos = named.get("eos", tokenizer.eot_token)
+    stops = end_of_turn(tokenizer) if tokenizer.chat_template is not None else []
+    add_bos, add_eos = bos is not None and before[:1] == [bos], eos is not None and after[-1:] == [eos]
+    return SpecialTokens(bos, eos, stops[0] if stops else None, named.get("pad"), add_bos, add_eos)
+
+
+def _token_id(tokenizer: Tokenizer, role: str, token: str) -> int:
+    """The id of the token that tokenizer_config.json names by its text as role_token (bos_token, ...)."""
+    token_id = tokenizer.specials.get(token)
+    if token_id is None and isinstance(tokenizer, JsonTokenizer):
+        token_id = tokenizer.tokenizer.token_to_id(token)
+    if token_id is None:
+        raise UserError(
+            f"{getattr(tokenizer, 'source', tokenizer.name)} has no token {token!r}, which tokenizer_config.json "
+            f"names as its {role}_token (add the token to the tokenizer, or name one it has)"
+        )
+    return token_id
+
+
+def _added_around_text(tokenizer: Tokenizer) -> tuple[list[int], list[int]]:
+    """The ids a tokenizer.json's post-processor puts before a text and after it (Llama 3's: <|begin_of_text|>
+    before); none for the other tokenizers, which add nothing. Seen on the text of its first ordinary token."""
+    if not isinstance(tokenizer, JsonTokenizer):
+        return [], []
+    encoder = tokenizers.Tokenizer.from_str(tokenizer.text)
+    encoder.no_truncation()
+    encoder.no_padding()
+    ordinary = min(set(range(tokenizer.vocab_size)) - set(tokenizer.specials.values()), default=None)
+    text = "" if ordinary is None else tokenizer.decode([ordinary])
+    plain = encoder.encode(text, add_special_tokens=False).ids
+    added = encoder.encode(text, add_special_tokens=True).ids
+    for start in range(len(added) - len(plain) + 1):
+        if added[start : start + len(plain)] == plain:
+            return added[:start], added[start + len(plain) :]
+    return [], []  # post-processors add tokens around a text and leave its own ids: not reached
+
+
+def tokenizer_config(tokenizer: Tokenizer, special: SpecialTokens) -> dict:
     """tokenizer_config.json: the plain fast tokenizer over tokenizer.json, which adds no token of its
-    own and leaves decoded spaces as they are, so that decoding gives exactly what sample.py prints."""
+    own (but those its post-processor adds) and leaves decoded spaces as they are, so that decoding gives
+    exactly what sample.py prints; its bos, eos and pad are the special tokens' (special_tokens)."""
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
-    if tokenizer.eot_token is not None:
-        eot = tokenizer.decode([tokenizer.eot_token]) if isinstance(tokenizer, JsonTokenizer) else END_OF_TEXT
-        config |= {"eos_token": eot, "bos_token": eot}
+    for role in ("bos", "eos", "pad"):
+        token_id = getattr(special, role)
+        if token_id is not None:
+            config[f"{role}_token"] = tokenizer.decode([token_id])
     if tokenizer.chat_template is not None:
         # the template and the named tokens it is rendered with (its eos_token is where a reply ends), so
         # that apply_chat_template gives the ids sample.py --chat feeds the model

@@ -170,7 +170,7 @@ def gpt2_dir(
         (workspace / "gpt2" / "model.safetensors").write_bytes(
             struct.pack("<Q", len(header_bytes)) + header_bytes + data[8 + header_len :]
         )
-        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], eos_token_id=None)
+        settings = hf_config(model.config, FAMILY_BY_TYPE["gpt2"], bos_token_id=None, eos_token_id=None)
         config(settings)
         (workspace / "gpt2" / "config.json").write_text(json.dumps(settings))
 
@@ -199,6 +199,18 @@ def llama_dir(
         (workspace / "llama" / "config.json").write_text(json.dumps(settings))
         if tokenizer_json is not None:
             (workspace / "llama" / "tokenizer.json").write_text(tokenizer_json)
+
+    return setup
+
+
+def llama_dir_naming(**names: str) -> Callable[[Path], None]:
+    """llama/ (llama_dir) with a chat template, its tokenizer_config.json naming these special tokens."""
+
+    def setup(workspace: Path) -> None:
+        llama_dir()(workspace)
+        path = workspace / "llama" / "tokenizer_config.json"
+        template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        path.write_text(json.dumps(json.loads(path.read_text()) | {"chat_template": template, **names}))
 
     return setup
 
@@ -619,6 +631,7 @@ CATALOGUE = [
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-package-not-installed", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "this needs the Python package gguf, which is not installed here: pip install gguf (or pip install -e . in the checkout)", not_installed="gguf"),
     Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("gguf-special-token-the-tokenizer-lacks", "sample.py", ["--init-from", "llama", "--export-gguf", "model.gguf"], "llama/tokenizer.json has no token '<s>', which tokenizer_config.json names as its bos_token (add the token to the tokenizer, or name one it has)", llama_dir_naming(bos_token="<s>")),
     Case("schedule-not-stages", "train.py", [*TRAIN, "--train.block_size_schedule=16:0.3,32"], "train.block_size_schedule='16:0.3,32' is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of train.max_iters it lasts until, rising inside (0, 1); after the last, model.block_size)"),
     Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),
     Case("batch-size-lr-power-beyond-range", "train.py", [*TRAIN, "--train.batch_size_lr_power=2"], "train.batch_size_lr_power=2.0 is outside the accepted range 0 .. 1"),

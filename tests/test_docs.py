@@ -131,6 +131,11 @@ NOT_RUN = {
     "python data/prepare.py --dataset data/chat_tasks/train.jsonl --chat --tokenizer out/shakespeare_char --block-size 64 --too-long truncate --out data/chat_shakespeare_char": "an earlier form of the README's command, whose folder the README has prepared",
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
+    # llama.cpp's chat mode
+    """python -c "
+from llama_cpp import Llama
+reply = Llama('chat.gguf', verbose=False).create_chat_completion([{'role': 'user', 'content': 'reverse: money'}], temperature=0)
+print(reply['choices'][0]['message']['content'])\"""": "needs llama-cpp-python, built from source (25 minutes or more on 2 cores); tests/test_gguf.py checks llama.cpp's chat replies against sample.py --chat where it is installed",
     # a synopsis, or a template with parts to fill in
     "python data/prepare.py --dataset NAME_OR_PATH --tokenizer gpt2|char|bpe|TOKENIZER.json --out DIR [--num-proc N]": "a synopsis: NAME_OR_PATH and DIR are to be filled in",
     "time python train.py --config configs/shakespeare_char.toml [--train.threads=1 | --train.threads=0]": "one of the bracketed choices is to be picked",

@@ -2,6 +2,8 @@
 settings, tokenizer and our tensors; where llama-cpp-python is installed (pip install
 llama-cpp-python), llama.cpp's greedy continuation equals sample.py --temperature 0."""
 
+import contextlib
+import io
 import json
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 gguf = pytest.importorskip("gguf")  # a dependency, yet missing on CUDA images that run the other tests
 
 from data.conversations import chat_tokenizer  # noqa: E402
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
+from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe  # noqa: E402
 from errors import UserError  # noqa: E402
 from interop.families import FAMILY_BY_TYPE, split_gate_up, split_qkv  # noqa: E402
 from interop.gguf import export_gguf  # noqa: E402
@@ -334,3 +336,249 @@ def test_llama_cpp_runs_the_quickstart_model_as_sample_py_does(data_dir, tmp_pat
     model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
     source = ["--out-dir", str(tmp_path / "run")]
     assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO:", 32 - len("ROMEO:"), model.eval())
+
+
+# ------------------------------------------------------------------ a folder's special tokens, and a run's
+LLAMA3_CHATS = [
+    [{"role": "user", "content": f"spell: {word}"}, {"role": "assistant", "content": " ".join(word)}]
+    for word in ["dog", "cat", "lamb", "crow", "deer", "goat", "swan", "bee", "horse", "mouse"] * 3
+]
+
+
+def llama3_instruct_folder(folder):
+    """A tiny random Llama with Llama 3 Instruct's tokenizer and special tokens as its files name them: the
+    chat template opens with bos_token, tokenizer_config.json names <|begin_of_text|> and <|eot_id|> as bos and eos, its
+    tokenizer.json's post-processor puts <|begin_of_text|> before a text, and config.json and
+    generation_config.json give bos and the two ends (of text, of a turn) by id."""
+    from tests.test_chat_command import build_llama3_folder
+
+    build_llama3_folder(folder)
+    state = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = {token["content"]: token["id"] for token in state["added_tokens"]}
+    for step in state["pre_tokenizer"]["pretokenizers"]:  # Llama 3's splits with no space put before a text
+        step.update(add_prefix_space=False) if step["type"] == "ByteLevel" else None
+    bos = {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}}
+    state["post_processor"] = {  # as Meta-Llama-3-8B-Instruct's tokenizer.json has it
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {
+                "type": "TemplateProcessing",
+                "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+                "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}}, bos, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {
+                    "<|begin_of_text|>": {
+                        "id": "<|begin_of_text|>",
+                        "ids": [ids["<|begin_of_text|>"]],
+                        "tokens": ["<|begin_of_text|>"],
+                    }  # fmt: skip
+                },
+            },
+        ],
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(state), encoding="utf-8")
+    ends = [ids["<|end_of_text|>"], ids["<|eot_id|>"]]
+    config = json.loads((folder / "config.json").read_text()) | {"bos_token_id": ids["<|begin_of_text|>"]}
+    (folder / "config.json").write_text(json.dumps(config | {"eos_token_id": ends}))
+    generation = {"bos_token_id": ids["<|begin_of_text|>"], "eos_token_id": ends, "do_sample": True}
+    (folder / "generation_config.json").write_text(json.dumps(generation))
+    return folder
+
+
+def assert_the_folders_special_tokens(reader: gguf.GGUFReader, folder) -> None:
+    """The file's bos, eos, end of turn and padding are those of the folder's tokenizer_config.json and
+    generation_config.json, and llama.cpp adds bos to a text as transformers' tokenizer of the folder does."""
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    generation = json.loads((folder / "generation_config.json").read_text())
+    bos, eos = field(reader, "tokenizer.ggml.bos_token_id"), field(reader, "tokenizer.ggml.eos_token_id")
+    assert bos == theirs.bos_token_id == generation["bos_token_id"] == theirs.convert_tokens_to_ids("<|begin_of_text|>")
+    assert eos == theirs.eos_token_id == theirs.convert_tokens_to_ids("<|eot_id|>")
+    assert field(reader, "tokenizer.ggml.eot_token_id") == eos and eos in generation["eos_token_id"]
+    assert "tokenizer.ggml.padding_token_id" not in reader.fields  # neither file names one
+    assert theirs("spell").input_ids[0] == bos and field(reader, "tokenizer.ggml.add_bos_token") is True
+    assert theirs("spell").input_ids[-1] != eos and field(reader, "tokenizer.ggml.add_eos_token") is False
+
+
+def test_a_llama3_folders_own_special_tokens_travel_in_the_file(tmp_path):
+    folder = llama3_instruct_folder(tmp_path / "llama")
+    written = run_script("sample.py", "--init-from", str(folder), "--export-gguf", str(tmp_path / "m.gguf"))
+    assert written.returncode == 0, written.stderr
+    assert_the_folders_special_tokens(gguf.GGUFReader(tmp_path / "m.gguf"), folder)
+
+
+@pytest.fixture(scope="module")
+def llama3_chat_run(tmp_path_factory):
+    """A folder of Llama 3 Instruct's special tokens, and a run fine-tuned from it on conversations
+    rendered through its template."""
+    from data.conversations import Conversation
+    from data.prepare import prepare_chat
+
+    root = tmp_path_factory.mktemp("llama3_chat")
+    folder = llama3_instruct_folder(root / "llama")
+    conversations = [Conversation(messages, f"chat {i}") for i, messages in enumerate(LLAMA3_CHATS)]
+    prepare_chat(conversations, str(folder), root / "chat", source="chats", block_size=64, val_fraction=0.2)
+    cfg = tiny_config(root / "run", root, data__dataset="chat", model__block_size=64, train__init_from=str(folder),
+                      train__max_iters=2)  # fmt: skip
+    Trainer(cfg).fit()
+    return folder, root / "run"
+
+
+def test_a_run_fine_tuned_from_a_llama3_folder_keeps_its_special_tokens_in_the_file(llama3_chat_run, tmp_path):
+    folder, run = llama3_chat_run
+    written = run_script("sample.py", "--out-dir", str(run), "--export-gguf", str(tmp_path / "run.gguf"))
+    assert written.returncode == 0, written.stderr
+    assert_the_folders_special_tokens(gguf.GGUFReader(tmp_path / "run.gguf"), folder)
+
+
+@pytest.mark.parametrize("source", ["folder", "run"])
+def test_the_hugging_face_export_names_the_special_tokens_the_gguf_file_names(source, llama3_chat_run, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    folder, run = llama3_chat_run
+    model = ["--init-from", str(folder)] if source == "folder" else ["--out-dir", str(run)]
+    for flag, path in (("--export", tmp_path / "exported"), ("--export-gguf", tmp_path / "m.gguf")):
+        written = run_script("sample.py", *model, flag, str(path))
+        assert written.returncode == 0, written.stderr
+    reader = gguf.GGUFReader(tmp_path / "m.gguf")
+    bos, eos = field(reader, "tokenizer.ggml.bos_token_id"), field(reader, "tokenizer.ggml.eos_token_id")
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert (config["bos_token_id"], config["eos_token_id"]) == (bos, eos)
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path / "exported")
+    assert (theirs.bos_token_id, theirs.eos_token_id) == (bos, eos)
+    assert theirs("spell").input_ids[0] == bos  # the folder's tokenizer.json, which adds bos, travels as it is
+
+
+def test_a_chat_model_trained_with_documents_is_written_as_the_plain_causal_model_with_a_note(tmp_path):
+    characters = CharTokenizer.from_text("\n !AB Hi Hello user assistant system")
+    tokenizer = chat_tokenizer(characters)
+    eot = tokenizer.eot_token
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, attn_documents=True, eot_token=eot), 3)
+    path = tmp_path / "chat.gguf"
+    with pytest.raises(UserError, match="model.attn_documents=true is computed by no llama.cpp architecture"):
+        export_gguf(model, CharTokenizer(characters.chars, (END_OF_TEXT,)), path, "float32", source=tmp_path)
+    assert not path.exists()
+    notes = io.StringIO()
+    with contextlib.redirect_stderr(notes):
+        arch = export_gguf(model, tokenizer, path, "float32", source=tmp_path / "run")
+    assert arch == "gpt2" == field(gguf.GGUFReader(path), "general.architecture")
+    assert notes.getvalue().count("\n") == 1
+    assert notes.getvalue().startswith("note: model.attn_documents=true is written as the plain causal model")
+    folder_notes = io.StringIO()
+    with contextlib.redirect_stderr(folder_notes):  # --export follows the same rule and says the same
+        export_model(model, tokenizer, tmp_path / "folder")
+    assert folder_notes.getvalue() == notes.getvalue()
+
+
+def llama_cpp_chat_prompt(llm, messages: list[dict]) -> list[int]:
+    """The ids llama-cpp-python's chat completion gives the model for messages through the handler that
+    renders the file's template with the file's bos and eos (where it recognises a template, Llama 3's,
+    it picks a format of its own by default, which leaves out the template's trimming of contents),
+    seen where it starts generating."""
+    llm.chat_format = "chat_template.default"
+    seen = []
+    generate = llm.generate
+
+    def spy(tokens, **options):
+        seen.append(list(tokens))
+        return generate(tokens, **options)
+
+    llm.generate = spy
+    llm.create_chat_completion(messages, max_tokens=1, temperature=0)
+    del llm.generate
+    return seen[0]
+
+
+def llama_cpp_template_prompt(llm, llama_cpp, messages: list[dict]) -> list[int]:
+    """The ids llama.cpp's own chat template engine (llama_chat_apply_template, which recognises the
+    file's template) gives for messages, tokenized with the bos the file says to add."""
+    import ctypes
+
+    chat = (llama_cpp.llama_chat_message * len(messages))(
+        *(llama_cpp.llama_chat_message(m["role"].encode(), m["content"].encode()) for m in messages)
+    )
+    template = llm.metadata["tokenizer.chat_template"].encode()
+    size = llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, None, 0)
+    buffer = ctypes.create_string_buffer(size + 1)
+    llama_cpp.llama_chat_apply_template(template, chat, len(messages), True, buffer, size + 1)
+    return llm.tokenize(buffer.value, add_bos=True, special=True)  # add_bos: as the file says
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+@pytest.mark.parametrize("source", ["folder", "run"])
+def test_llama_cpp_renders_a_llama3_chat_as_transformers_does(source, llama3_chat_run, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    transformers = pytest.importorskip("transformers")
+    from tests.test_chat import CONVERSATIONS, their_ids
+
+    folder, run = llama3_chat_run
+    path = tmp_path / "chat.gguf"
+    model = ["--init-from", str(folder)] if source == "folder" else ["--out-dir", str(run)]
+    written = run_script("sample.py", *model, "--export-gguf", str(path))
+    assert written.returncode == 0, written.stderr
+    theirs = transformers.AutoTokenizer.from_pretrained(folder)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=256, verbose=False, n_threads=1)
+    for messages in [*CONVERSATIONS, *LLAMA3_CHATS[:2]]:
+        expected = their_ids(theirs, messages[:-1], add_generation_prompt=True)
+        assert llama_cpp_chat_prompt(llm, messages[:-1]) == expected
+        assert llama_cpp_template_prompt(llm, llama_cpp, messages[:-1]) == expected
+
+
+@pytest.fixture(scope="module")
+def documents_chat_run(tmp_path_factory, data_dir):
+    """A tiny character model trained with model.attn_documents on spelling conversations (the
+    quickstart's 65 characters, the built-in template), long enough to answer in letters."""
+    from data.conversations import Conversation
+    from data.prepare import prepare_chat
+
+    root = tmp_path_factory.mktemp("documents_chat")
+    spelling = [
+        Conversation(
+            [{"role": "user", "content": f"spell: {word}"}, {"role": "assistant", "content": " ".join(word)}],
+            f"chat {i}",
+        )  # fmt: skip
+        for i, word in enumerate(["dog", "cat", "lamb", "crow", "deer", "goat", "swan", "bee", "horse", "mouse"] * 3)
+    ]
+    prepare_chat(spelling, str(data_dir / "shakespeare_char"), root / "chat", source="spelling", block_size=64,
+                 val_fraction=0.2)  # fmt: skip
+    steps = {"train__max_iters": 150, "optim__lr_decay_iters": 150, "train__eval_interval": 150}
+    cfg = tiny_config(root / "run", root, data__dataset="chat", model__block_size=128, model__attn_documents=True,
+                      optim__learning_rate=1e-2, optim__min_lr=1e-3, **steps)  # fmt: skip
+    Trainer(cfg).fit()
+    return root / "run"
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_chat_replies_as_sample_py_chat_to_a_model_trained_with_documents(documents_chat_run, tmp_path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from inference.chat import Sampling
+    from tests.test_chat_command import run_sample, talk
+    from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+
+    run = documents_chat_run
+    model, tokenizer = model_from_checkpoint(load_checkpoint(run / "ckpt.pt"), run)
+    path = tmp_path / "chat.gguf"
+    written = run_script("sample.py", "--out-dir", str(run), "--export-gguf", str(path))
+    assert written.returncode == 0, written.stderr
+    assert "note: model.attn_documents=true is written as the plain causal model" in written.stderr
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=model.config.block_size, verbose=False, n_threads=1, **cache)
+
+    def their_reply(messages: list[dict], new_tokens: int) -> str:
+        reply = llm.create_chat_completion(messages, max_tokens=new_tokens, temperature=0)
+        return reply["choices"][0]["message"]["content"]
+
+    printed = run_sample("--out-dir", str(run), "--chat", "--prompt", "spell: dog", "--temperature", "0",
+                         "--max-new-tokens", "12")  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert (
+        printed.stdout.strip() and their_reply([{"role": "user", "content": "spell: dog"}], 12) + "\n" == printed.stdout
+    )
+    # turn by turn, each reply joining the conversation the next one continues
+    messages, _, notes = talk(
+        model, tokenizer, "spell: cat", "spell: bee", system="Be brief.", sampling=Sampling(12, 0)
+    )
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"] and not notes
+    for turn in (2, 4):
+        assert their_reply(messages[:turn], 12) == messages[turn]["content"]

@@ -53,7 +53,9 @@ READERS: dict[str, tuple[str, Callable[[Path, Path], str], Callable[[Path], obje
     "metrics-jsonl": ("metrics.jsonl", lambda data, run: '{"step": 1, "loss": 4.2}\n', read_metrics),
     "gpt2-config-json": (
         "config.json",
-        lambda data, run: json.dumps(hf_config(tiny_model(vocab_size=64).config, GPT2, eos_token_id=None)),
+        lambda data, run: json.dumps(
+            hf_config(tiny_model(vocab_size=64).config, GPT2, bos_token_id=None, eos_token_id=None)
+        ),
         gpt2_config,
     ),
 }
