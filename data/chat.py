@@ -42,6 +42,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from data.files import parse_json, read_json, read_user_text
 from data.tokenizer import END_OF_TEXT, CharTokenizer, JsonTokenizer, Tokenizer, split_specials, with_special_tokens
 from errors import UserError
 
@@ -106,31 +107,21 @@ def _read_local(path: Path) -> Iterator[Conversation]:
         raise UserError(
             f"--dataset={str(path)!r}: conversations are read from .jsonl or .json files, not {path.suffix!r}"
         )
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 (byte {e.start:,}); convert it first") from None
+    text = read_user_text(path)
     if path.suffix == ".json":
-        records = _parse(text, f"{path}")
+        records = parse_json(text, f"{path}")
         if not isinstance(records, list):
             raise UserError(f"{path} holds a {type(records).__name__}, not a list of conversations")
         numbered = ((f"{path} record {i}", record) for i, record in enumerate(records, start=1))
     else:
         lines = enumerate(text.splitlines(), start=1)
-        numbered = ((f"{path} line {n}", _parse(line, f"{path} line {n}")) for n, line in lines if line.strip())
+        numbered = ((f"{path} line {n}", parse_json(line, f"{path} line {n}")) for n, line in lines if line.strip())
     empty = True
     for where, record in numbered:
         empty = False
         yield Conversation(check_conversation(record, where), where)
     if empty:
         raise UserError(f"{path} holds no conversations")
-
-
-def _parse(text: str, where: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where} is not valid JSON ({e.msg} at character {e.pos})") from None
 
 
 def check_conversation(record: object, where: str, need_reply: bool = True) -> list[dict[str, str]]:
@@ -273,7 +264,7 @@ def folder_template(folder: Path) -> tuple[str, dict[str, str]] | None:
     reads them: chat_template.jinja, else tokenizer_config.json's chat_template (a string, or the
     list of named templates whose "default" is used); None if it has none."""
     config_path = folder / "tokenizer_config.json"
-    config = _parse(config_path.read_text(encoding="utf-8"), str(config_path)) if config_path.is_file() else {}
+    config = read_json(config_path) if config_path.is_file() else {}
     if not isinstance(config, dict):
         raise UserError(f"{config_path} holds a {type(config).__name__}, not an object")
     variables = {}
@@ -284,7 +275,7 @@ def folder_template(folder: Path) -> tuple[str, dict[str, str]] | None:
             variables[name] = value
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8"), variables
+        return read_user_text(jinja_file), variables
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}

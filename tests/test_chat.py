@@ -305,3 +305,48 @@ def test_a_template_that_raises_is_refused_naming_the_conversation(own_tokenizer
         UserError, match="chats.jsonl line 2: the chat template cannot render it .*roles must alternate"
     ):
         render_conversation(CONVERSATIONS[0], tokenizer, where="chats.jsonl line 2")
+
+
+WRITES_CONTENTS = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_template_file_that_is_not_utf8_is_refused_naming_it(name, tmp_path):
+    (tmp_path / "tokenizer.json").write_text(CharTokenizer.from_text(TRAINING_TEXT).to_json())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": WRITES_CONTENTS}))
+    (tmp_path / name).write_bytes(b'{"chat_template": "\xff"}')
+    with pytest.raises(UserError, match=rf"{name} is not UTF-8 text: byte 19 \(0xff\) is invalid start byte"):
+        folder_chat_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("[" * 100_000, "is not JSON that can be read: it is nested deeper than Python's parser follows"),
+        (
+            '{"messages": ' + "1" * 5000 + "}",
+            "is not JSON that can be read: it holds an integer of more than 4,300 digits",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "hi \\ud800"}, {"role": "assistant", "content": "ho"}]}',
+            r"holds the escape \\ud800, half of a UTF-16 surrogate pair without its other half",
+        ),
+        ("{'messages': []}", r"is not valid JSON \(Expecting property name enclosed in double quotes at column 2\)"),
+    ],
+    ids=["nested", "long-integer", "half-a-surrogate-pair", "not-json"],
+)
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_conversation_file_json_cannot_read_is_refused_naming_the_line(line, match, suffix, tmp_path):
+    path = tmp_path / f"chats{suffix}"
+    good = json.dumps({"messages": CONVERSATIONS[0]})
+    path.write_text(f"{good}\n{line}\n" if suffix == ".jsonl" else line)
+    where = "line 2 " if suffix == ".jsonl" else ""
+    with pytest.raises(UserError, match=f"chats{suffix} {where}{match}"):
+        list(read_conversations(str(path)))
+
+
+def test_a_surrogate_pair_escape_reads_as_its_character(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATIONS[1]}, ensure_ascii=True) + "\n")  # 🙂 as \ud83d\ude42
+    assert "\\ud83d\\ude42" in path.read_text()
+    assert [c.messages for c in read_conversations(str(path))] == [CONVERSATIONS[1]]
