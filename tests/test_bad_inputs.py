@@ -325,6 +325,7 @@ def lora_run_on_a_changed_base(workspace: Path) -> None:
 CATALOGUE = [
     # config files and overrides
     Case("toml-syntax", "train.py", ["--config", "bad.toml"], "is not valid TOML", write("bad.toml", "[model]\nn_layer = = 2\n")),
+    Case("toml-nested-too-deeply", "train.py", ["--config", "bad.toml"], "config file bad.toml cannot be read: it is nested deeper than Python's parser follows", write("bad.toml", "x = " + "[" * 100_000 + "\n")),
     Case("key-outside-section", "train.py", ["--config", "bad.toml"], "n_layer = 2 in bad.toml is outside any section", write("bad.toml", "n_layer = 2\n")),
     Case("unknown-section", "train.py", ["--config", "bad.toml"], "unknown config section [modle]", write("bad.toml", "[modle]\nn_layer = 2\n")),
     Case("unknown-key", "train.py", [*TRAIN, "--model.n_layers=2"], "unknown config key model.n_layers (did you mean model.n_layer?"),
