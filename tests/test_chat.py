@@ -310,6 +310,56 @@ def test_a_template_that_raises_is_refused_naming_the_conversation(own_tokenizer
 WRITES_CONTENTS = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("{% for message in messages %}{{ message['content'] + 5 }}{% endfor %}", "TypeError: can only concatenate"),
+        ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+        ("{% for i in range(10**10) %}x{% endfor %}", "OverflowError: Range too big"),
+        ("{% macro again() %}{{ again() }}{% endmacro %}{{ again() }}", "RecursionError: maximum recursion depth"),
+        ("{{ 'a' * 2000000 }}", r"OverflowError: 'a' \* 2000000 would be 2,000,000 long, more than 1,048,576"),
+        ("{{ 2 ** 100000 }}", r"OverflowError: 2 \*\* 100000 has more than 16,384 bits"),
+        (
+            "{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}",
+            r"OverflowError: it writes more than 1,04[\d,]+ characters for",
+        ),
+    ],
+    ids=["type-error", "division-by-zero", "range", "recursion", "product", "power", "output"],
+)
+def test_a_template_that_fails_in_python_is_refused_naming_the_conversation(template, reason):
+    """Not only jinja's own errors: whatever a template raises (or would fill the memory with) is one
+    UserError, however the template is reached (prepare, eval.py, sample.py --chat render through it)."""
+    tokenizer = chat_tokenizer(CharTokenizer.from_text(TRAINING_TEXT))
+    tokenizer.with_chat_template(template + WRITES_CONTENTS, {})
+    with pytest.raises(UserError, match=rf"chats.jsonl line 2: the chat template cannot render it \({reason}"):
+        render_conversation(CONVERSATIONS[1], tokenizer, where="chats.jsonl line 2")
+    with pytest.raises(UserError, match=rf"gen.jsonl item 1: the chat template cannot render it \({reason}"):
+        render_prompt(CONVERSATIONS[1][:2], tokenizer, where="gen.jsonl item 1")
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("{% for message in messages %}{% endfor %}", "renders it as no text at all"),
+        (
+            "{% for message in messages %}{{ message['role'] }}: ...\n{% endfor %}",
+            "leaves out the content of message 1",
+        ),
+        (
+            "{% for message in messages %}{% if message['role'] != 'system' %}"
+            "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}",
+            "leaves out the content of message 1 \\(the system's 'You answer briefly, in verse.'\\), which would be lost",
+        ),
+    ],
+    ids=["nothing", "roles-only", "drops-the-system-message"],
+)
+def test_a_template_that_loses_a_message_is_refused(template, match):
+    tokenizer = chat_tokenizer(CharTokenizer.from_text(TRAINING_TEXT))
+    tokenizer.with_chat_template(template, {})
+    with pytest.raises(UserError, match=f"chats.jsonl line 2: the chat template {match}"):
+        render_conversation(CONVERSATIONS[1], tokenizer, where="chats.jsonl line 2")
+
+
 @pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja"])
 def test_a_template_file_that_is_not_utf8_is_refused_naming_it(name, tmp_path):
     (tmp_path / "tokenizer.json").write_text(CharTokenizer.from_text(TRAINING_TEXT).to_json())

@@ -120,6 +120,13 @@ def test_a_turn_too_long_for_the_context_is_refused_and_the_conversation_goes_on
         fit_history([{"role": "user", "content": "x" * 80}], tokenizer, 52)
 
 
+def test_a_template_that_fails_on_the_one_turn_is_one_user_error():
+    model, tokenizer, _ = scripted("ok")
+    tokenizer.with_chat_template("{{ 1/0 }}", {})
+    with pytest.raises(UserError, match=r"the chat template cannot render it \(ZeroDivisionError: division by zero\)"):
+        talk(model, tokenizer, first="hi")
+
+
 class CtrlCAfter(io.StringIO):
     """Standard output where Ctrl-C is pressed once, after `after` writes."""
 
