@@ -9,7 +9,8 @@ positions a model is trained on (docs/chat.md).
 
 Formats: JSON lines (or a JSON list) of {"messages": [{"role": "system"|"user"|"assistant",
 "content": "..."}]}, or ShareGPT's {"conversations": [{"from": "system"|"human"|"gpt", "value":
-"..."}]}, read as the first; from a local .jsonl/.json file or a Hugging Face hub dataset.
+"..."}]}, read as the first (a record with both is refused); from a local .jsonl/.json file or a
+Hugging Face hub dataset.
 
 Templates are jinja2 texts rendered as transformers renders them (a sandboxed environment,
 trim_blocks and lstrip_blocks, raise_exception, strftime_now, a tojson that leaves non-ASCII and HTML
@@ -52,6 +53,11 @@ from errors import UserError
 
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}  # ShareGPT's "from" -> role
+# where a record holds its messages, with the keys of a message and its role names -> ours
+RECORD_FIELDS = {
+    "messages": ("role", "content", {role: role for role in ROLES}),
+    "conversations": ("from", "value", SHAREGPT_ROLES),
+}
 TRAIN_ON = ("assistant", "all", "last")  # every reply, every token, the last reply only
 # ChatML, as many models (Qwen, SmolLM2's instruct models) write it; written to exported folders as is
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -135,17 +141,24 @@ def _read_local(path: Path) -> Iterator[Conversation]:
 
 def check_conversation(record: object, where: str, need_reply: bool = True) -> list[dict[str, str]]:
     """The messages of a record, as {"role", "content"} dicts, or a UserError naming where, the
-    message and the field: a record needs a non-empty list under "messages" (or ShareGPT's
-    "conversations"), each message a known role and non-empty text, and (need_reply) an assistant turn."""
+    message and the field: a record needs a non-empty list under "messages" or ShareGPT's
+    "conversations" (not both: which one is the conversation would be a guess), each message a known
+    role and non-empty text, and (need_reply) an assistant turn."""
     if not isinstance(record, dict):
         raise UserError(f'{where}: a conversation is an object with a "messages" list, not {record!r:.60}')
-    if "messages" in record:
-        field, role_key, content_key, roles = "messages", "role", "content", {role: role for role in ROLES}
-    elif "conversations" in record:
-        field, role_key, content_key, roles = "conversations", "from", "value", SHAREGPT_ROLES
-    else:
+    # a hub dataset's records hold every column of the dataset, None where a record has no value
+    given = [field for field in RECORD_FIELDS if record.get(field) is not None]
+    if len(given) > 1:
+        raise UserError(
+            f'{where}: both "messages" and ShareGPT\'s "conversations" are given, and which one is the conversation '
+            f"would be a guess (keep one of them)"
+        )
+    present = given or [field for field in RECORD_FIELDS if field in record]
+    if not present:
         fields = ", ".join(map(repr, record)) or "none"
         raise UserError(f'{where}: no "messages" field (nor ShareGPT\'s "conversations"); its fields: {fields}')
+    field = present[0]
+    role_key, content_key, roles = RECORD_FIELDS[field]
     problem = messages_problem(record[field], role_key, content_key, roles)
     if problem is not None:
         raise UserError(f"{where}: {field}{problem}")

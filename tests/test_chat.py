@@ -400,3 +400,20 @@ def test_a_surrogate_pair_escape_reads_as_its_character(tmp_path):
     path.write_text(json.dumps({"messages": CONVERSATIONS[1]}, ensure_ascii=True) + "\n")  # 🙂 as \ud83d\ude42
     assert "\\ud83d\\ude42" in path.read_text()
     assert [c.messages for c in read_conversations(str(path))] == [CONVERSATIONS[1]]
+
+
+def test_a_record_with_both_messages_and_conversations_is_refused():
+    record = {"messages": CONVERSATIONS[0], "conversations": [{"from": "human", "value": "q"}]}
+    with pytest.raises(
+        UserError, match='chats.jsonl line 7: both "messages" and ShareGPT\'s "conversations" are given'
+    ):
+        check_conversation(record, "chats.jsonl line 7")
+
+
+def test_a_hub_record_reads_the_one_of_its_columns_that_is_not_null():
+    """A hub dataset's records hold every column, null where a record has none: not two conversations."""
+    sharegpt = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    assert check_conversation({"messages": None, "conversations": sharegpt}, "hub record 1") == [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+    ]  # fmt: skip
+    assert check_conversation({"messages": CONVERSATIONS[0], "conversations": None}, "hub record 2") == CONVERSATIONS[0]
