@@ -72,8 +72,8 @@ def parse_args() -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt",
-        default="",
-        help="text to continue (default: a newline for character models, <|endoftext|> for GPT-2 BPE)",
+        help="text to continue; empty or left out: the start of a document, the tokenizer's end-of-text token "
+        "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
     source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
     model_source = parser.add_mutually_exclusive_group()

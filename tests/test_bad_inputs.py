@@ -597,6 +597,8 @@ CATALOGUE = [
     Case("chat-with-a-model-without-template", "sample.py", ["--out-dir", "out/tiny", "--chat"], "has no chat template, so it cannot tell turns apart (fine-tune it on conversations first"),
     Case("chat-system-without-chat", "sample.py", ["--out-dir", "out/tiny", "--system", "Be brief."], "--system applies to --chat only"),
     Case("chat-with-export", "sample.py", ["--out-dir", "out/tiny", "--chat", "--export", "exported"], "--export does not apply to --chat, which holds one conversation (leave --export out)"),
+    Case("chat-blank-prompt", "sample.py", ["--out-dir", "out/tiny", "--chat", "--prompt", "   "], "--prompt='   ' is blank: with --chat, --prompt is the one message the model answers, and a message needs text (write the message, or leave --prompt out to chat turn by turn)"),
+    Case("chat-empty-system", "sample.py", ["--out-dir", "out/tiny", "--chat", "--system", ""], "--system='' is blank, and a system message needs text as every message does (write the message, or leave --system out)"),
     # GGUF files for llama.cpp (sample.py --export-gguf)
     Case("gguf-path-is-a-folder", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' is a directory, not a file", write_files("model.gguf/notes.txt")),
     Case("gguf-path-exists", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file of an earlier sample.py --export-gguf: it is never replaced", write_files("model.gguf")),
