@@ -53,7 +53,7 @@ import torch
 
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
-from errors import ArgumentParser, UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli, text_argument
 from model import GPT, generate, left_pad, pack_linears, packing_unavailable
 from trainer.chat import chat_in_terminal, check_chat_options
 from trainer.checkpoint import CHECKPOINT_NAME, latest_run
@@ -72,6 +72,7 @@ def parse_args() -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt",
+        type=text_argument,
         help="text to continue; empty or left out: the start of a document, the tokenizer's end-of-text token "
         "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
@@ -103,7 +104,9 @@ def parse_args() -> argparse.Namespace:
         help="talk to a model fine-tuned on conversations, turn by turn, through its chat template (docs/chat.md); "
         "with --prompt, answer that one message and exit",
     )
-    parser.add_argument("--system", metavar="TEXT", help="--chat: the system message that opens the conversation")
+    parser.add_argument(
+        "--system", metavar="TEXT", type=text_argument, help="--chat: the system message that opens the conversation"
+    )
     parser.add_argument(
         "--export-gguf",
         metavar="FILE.gguf",
@@ -122,6 +125,7 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="TEXT",
+        type=text_argument,
         help="end a sample just before this text, which may not be empty; repeat for several (escapes such as \\n "
         "are read)",
     )

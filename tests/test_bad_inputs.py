@@ -418,6 +418,7 @@ CATALOGUE = [
     # sampling
     Case("sample-without-a-run", "sample.py", ["--out-dir", "out/missing"], "no checkpoint at out/missing/ckpt.pt"),
     Case("prompt-outside-vocabulary", "sample.py", ["--prompt", "ROMEO: ¿qué?"], "outside the model's 65-character vocabulary: '¿', 'é'"),
+    Case("prompt-not-utf8", "sample.py", ["--prompt", "ROMEO\udcff"], "argument --prompt: 'ROMEO\\udcff' is not UTF-8 text: character 5 ('\\udcff') stands for a byte that is not UTF-8"),
     Case("prompt-longer-than-context", "sample.py", ["--prompt", "x" * 40], "the prompt is 40 tokens but the model's context is block_size=32"),
     Case("negative-temperature", "sample.py", ["--temperature", "-1"], "--temperature=-1.0 is not allowed"),
     Case("top-p-of-zero", "sample.py", ["--top-p", "0"], "--top-p=0.0 is not allowed"),
