@@ -106,6 +106,20 @@ class ArgumentParser(argparse.ArgumentParser):
         return options
 
 
+def text_argument(value: str) -> str:
+    """argparse's type for an option whose value is text (a prompt, a message): Python keeps the bytes of
+    an argument that are not UTF-8 as lone surrogates, which no tokenizer encodes, so such a value is
+    refused, naming the first one."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise argparse.ArgumentTypeError(
+            f"{value!r:.60} is not UTF-8 text: character {e.start} ({value[e.start]!r}) stands for a byte that is not "
+            f"UTF-8 (give the text in UTF-8)"
+        ) from None
+    return value
+
+
 def run_cli(main: Callable[[], int | None], exit: Callable[[int], NoReturn] = sys.exit) -> NoReturn:
     """Run an entry point and end the process with exit(status): main's own status (None is 0), or
     for a UserError, a file system error or a third-party package that is not installed one line on

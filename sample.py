@@ -53,7 +53,7 @@ import torch
 
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
-from errors import ArgumentParser, UserError, run_cli
+from errors import ArgumentParser, UserError, run_cli, text_argument
 from finetune.lora import export_run_adapter
 from inference.chat import chat_in_terminal, check_chat_options
 from inference.load import RUNS_ROOT, load_model
@@ -73,8 +73,9 @@ def parse_args() -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--prompt",
-        default="",
-        help="text to continue (default: a newline for character models, <|endoftext|> for GPT-2 BPE)",
+        type=text_argument,
+        help="text to continue; empty or left out: the start of a document, the tokenizer's end-of-text token "
+        "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
     source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
     model_source = parser.add_mutually_exclusive_group()
@@ -105,7 +106,9 @@ def parse_args() -> argparse.Namespace:
         help="talk to a model fine-tuned on conversations, turn by turn, through its chat template (docs/chat.md); "
         "with --prompt, answer that one message and exit",
     )
-    parser.add_argument("--system", metavar="TEXT", help="--chat: the system message that opens the conversation")
+    parser.add_argument(
+        "--system", metavar="TEXT", type=text_argument, help="--chat: the system message that opens the conversation"
+    )
     parser.add_argument(
         "--export-gguf",
         metavar="FILE.gguf",
@@ -124,6 +127,7 @@ def parse_args() -> argparse.Namespace:
         action="append",
         default=[],
         metavar="TEXT",
+        type=text_argument,
         help="end a sample just before this text, which may not be empty; repeat for several (escapes such as \\n "
         "are read)",
     )

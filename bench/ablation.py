@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.arguments import BenchArguments  # noqa: E402
-from data.files import check_output_file, read_text  # noqa: E402
+from data.files import check_output_file, parse_json, read_text, read_user_text  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 
@@ -132,8 +132,8 @@ def train(out_dir: Path, variant: str, seed: int) -> dict:
 def is_results_file(path: Path) -> bool:
     """Whether path is the results.jsonl of an earlier ablation: one finished run per line."""
     try:
-        records = [json.loads(line) for line in read_text(path).splitlines()]
-    except (OSError, ValueError):
+        records = [parse_json(line, str(path)) for line in read_user_text(path).splitlines()]
+    except (OSError, UserError):
         return False
     return all(isinstance(record, dict) and set(RESULT_KEYS) <= set(record) for record in records)
 

@@ -9,12 +9,16 @@ positions a model is trained on (docs/chat.md).
 
 Formats: JSON lines (or a JSON list) of {"messages": [{"role": "system"|"user"|"assistant",
 "content": "..."}]}, or ShareGPT's {"conversations": [{"from": "system"|"human"|"gpt", "value":
-"..."}]}, read as the first; from a local .jsonl/.json file or a Hugging Face hub dataset.
+"..."}]}, read as the first (a record with both is refused); from a local .jsonl/.json file or a
+Hugging Face hub dataset.
 
 Templates are jinja2 texts rendered as transformers renders them (a sandboxed environment,
 trim_blocks and lstrip_blocks, raise_exception, strftime_now, a tojson that leaves non-ASCII and HTML
 characters alone, the tokenizer's named special tokens such as bos_token as variables), so that the
 ids of a Hugging Face folder's own template equal `tokenizer.apply_chat_template(messages)`.
+Whatever a template raises while it renders is a UserError naming the conversation, and so is a
+template that would fill the memory (ChatSandbox, TEMPLATE_MARKUP_CHARS), that renders a
+conversation as no text, or that leaves out a message's content.
 The tokenizers of this project (characters, GPT-2's BPE, a BPE trained here) get BUILTIN_TEMPLATE,
 ChatML, whose special tokens are added after their own ids.
 
@@ -35,6 +39,7 @@ learnt. A token that starts inside a trained span is trained.
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -42,11 +47,17 @@ from typing import NamedTuple
 
 import numpy as np
 
+from data.files import parse_json, read_json, read_user_text
 from data.tokenizer import END_OF_TEXT, CharTokenizer, JsonTokenizer, Tokenizer, split_specials, with_special_tokens
 from errors import UserError
 
 ROLES = ("system", "user", "assistant")
 SHAREGPT_ROLES = {"system": "system", "human": "user", "gpt": "assistant"}  # ShareGPT's "from" -> role
+# where a record holds its messages, with the keys of a message and its role names -> ours
+RECORD_FIELDS = {
+    "messages": ("role", "content", {role: role for role in ROLES}),
+    "conversations": ("from", "value", SHAREGPT_ROLES),
+}
 TRAIN_ON = ("assistant", "all", "last")  # every reply, every token, the last reply only
 # ChatML, as many models (Qwen, SmolLM2's instruct models) write it; written to exported folders as is
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -63,6 +74,11 @@ BUILTIN_VARIABLES = {"eos_token": IM_END}  # a reply ends at <|im_end|>: what ge
 # the named special tokens transformers passes to a template (its SPECIAL_TOKENS_ATTRIBUTES)
 TOKEN_VARIABLES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 CONTENT_MARK = "\ue000{}\ue001"  # private-use characters around a message's number: where its content goes
+# A template writes its markup around the messages (a few dozen characters a turn, a default system
+# prompt, a date): at most this many characters beyond twice the messages' own text. More is a loop or a
+# product that would fill the memory, refused as it grows; a text or list repeated (`*`) is bounded by it too.
+TEMPLATE_MARKUP_CHARS = 1 << 20
+MAX_POWER_BITS = 1 << 14  # an integer power in a template: more digits (~4,900) than Python prints anyway
 
 
 class Conversation(NamedTuple):
@@ -106,18 +122,15 @@ def _read_local(path: Path) -> Iterator[Conversation]:
         raise UserError(
             f"--dataset={str(path)!r}: conversations are read from .jsonl or .json files, not {path.suffix!r}"
         )
-    try:
-        text = path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 (byte {e.start:,}); convert it first") from None
+    text = read_user_text(path)
     if path.suffix == ".json":
-        records = _parse(text, f"{path}")
+        records = parse_json(text, f"{path}")
         if not isinstance(records, list):
             raise UserError(f"{path} holds a {type(records).__name__}, not a list of conversations")
         numbered = ((f"{path} record {i}", record) for i, record in enumerate(records, start=1))
     else:
         lines = enumerate(text.splitlines(), start=1)
-        numbered = ((f"{path} line {n}", _parse(line, f"{path} line {n}")) for n, line in lines if line.strip())
+        numbered = ((f"{path} line {n}", parse_json(line, f"{path} line {n}")) for n, line in lines if line.strip())
     empty = True
     for where, record in numbered:
         empty = False
@@ -126,26 +139,26 @@ def _read_local(path: Path) -> Iterator[Conversation]:
         raise UserError(f"{path} holds no conversations")
 
 
-def _parse(text: str, where: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UserError(f"{where} is not valid JSON ({e.msg} at character {e.pos})") from None
-
-
 def check_conversation(record: object, where: str, need_reply: bool = True) -> list[dict[str, str]]:
     """The messages of a record, as {"role", "content"} dicts, or a UserError naming where, the
-    message and the field: a record needs a non-empty list under "messages" (or ShareGPT's
-    "conversations"), each message a known role and non-empty text, and (need_reply) an assistant turn."""
+    message and the field: a record needs a non-empty list under "messages" or ShareGPT's
+    "conversations" (not both: which one is the conversation would be a guess), each message a known
+    role and non-empty text, and (need_reply) an assistant turn."""
     if not isinstance(record, dict):
         raise UserError(f'{where}: a conversation is an object with a "messages" list, not {record!r:.60}')
-    if "messages" in record:
-        field, role_key, content_key, roles = "messages", "role", "content", {role: role for role in ROLES}
-    elif "conversations" in record:
-        field, role_key, content_key, roles = "conversations", "from", "value", SHAREGPT_ROLES
-    else:
+    # a hub dataset's records hold every column of the dataset, None where a record has no value
+    given = [field for field in RECORD_FIELDS if record.get(field) is not None]
+    if len(given) > 1:
+        raise UserError(
+            f'{where}: both "messages" and ShareGPT\'s "conversations" are given, and which one is the conversation '
+            f"would be a guess (keep one of them)"
+        )
+    present = given or [field for field in RECORD_FIELDS if field in record]
+    if not present:
         fields = ", ".join(map(repr, record)) or "none"
         raise UserError(f'{where}: no "messages" field (nor ShareGPT\'s "conversations"); its fields: {fields}')
+    field = present[0]
+    role_key, content_key, roles = RECORD_FIELDS[field]
     problem = messages_problem(record[field], role_key, content_key, roles)
     if problem is not None:
         raise UserError(f"{where}: {field}{problem}")
@@ -199,24 +212,43 @@ class ChatTemplate:
         return cls(tokenizer.chat_template, tokenizer.template_variables)
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = False, where: str = "") -> str:
-        """The template's text for the messages; a template that fails (a jinja error, or its own
-        raise_exception) is a UserError naming where."""
-        import jinja2
-
-        try:
-            return self.compiled.render(
+        """The template's text for the messages; a template that fails (see template_errors) or writes
+        more than TEMPLATE_MARKUP_CHARS beyond twice the messages' contents is a UserError naming where."""
+        limit = TEMPLATE_MARKUP_CHARS + 2 * sum(len(message["content"]) for message in messages)
+        pieces, length = [], 0
+        with template_errors(f"{where or 'the conversation'}: the chat template cannot render it"):
+            for piece in self.compiled.generate(
                 messages=messages, add_generation_prompt=add_generation_prompt, **self.variables
-            )
-        except jinja2.TemplateError as e:
-            raise UserError(f"{where or 'the conversation'}: the chat template cannot render it ({e})") from None
+            ):
+                length += len(piece)
+                if length > limit:  # refused as it grows, before it fills the memory
+                    raise OverflowError(f"it writes more than {limit:,} characters for {len(messages)} message(s)")
+                pieces.append(piece)
+        return "".join(pieces)
+
+
+@contextmanager
+def template_errors(what: str) -> Iterator[None]:
+    """Whatever a chat template raises, as one UserError: `what`, then the reason. A template is code
+    from a model folder or a dataset, so its failures are jinja's (a syntax error, an undefined name,
+    its own raise_exception) and Python's alike (a TypeError, a division by zero, the sandbox's
+    OverflowError for a range or a product too large, a RecursionError)."""
+    import jinja2
+
+    try:
+        yield
+    except jinja2.TemplateError as e:
+        raise UserError(f"{what} ({e})") from None
+    except Exception as e:
+        raise UserError(f"{what} ({type(e).__name__}: {e})") from None
 
 
 @lru_cache(maxsize=8)
 def compile_template(source: str):
-    """The template compiled in the environment transformers renders chat templates in."""
+    """The template compiled in the environment transformers renders chat templates in, with products
+    and powers bounded (ChatSandbox)."""
     import jinja2
     import jinja2.ext
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
         raise jinja2.TemplateError(message)
@@ -228,16 +260,40 @@ def compile_template(source: str):
     def strftime_now(format: str) -> str:
         return datetime.now().strftime(format)
 
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, GenerationTag]
-    )
+    environment = ChatSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, GenerationTag])
     environment.filters["tojson"] = tojson
     environment.globals["raise_exception"] = raise_exception
     environment.globals["strftime_now"] = strftime_now
-    try:
+    with template_errors("the chat template is not valid jinja"):
         return environment.from_string(source)
-    except jinja2.TemplateError as e:
-        raise UserError(f"the chat template is not valid jinja ({e})") from None
+
+
+def _chat_sandbox():
+    """transformers' environment (jinja's ImmutableSandboxedEnvironment), whose range() already stops
+    at 100,000 items, with its two operators that make a large value from small ones bounded too: a
+    text or list repeated past TEMPLATE_MARKUP_CHARS (`'a' * 10**10` would take 10 GB before anything
+    could refuse it), and an integer power of more than MAX_POWER_BITS (`10 ** (10**10)` would compute for
+    hours), each an OverflowError as the sandbox's range() raises."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class ChatSandbox(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context, operator: str, left, right):
+            if operator == "*":
+                for repeated, times in ((left, right), (right, left)):
+                    if isinstance(repeated, str | list | tuple) and isinstance(times, int):
+                        if len(repeated) * times > TEMPLATE_MARKUP_CHARS:
+                            raise OverflowError(
+                                f"{repeated!r:.20} * {times} would be {len(repeated) * times:,} long, more than "
+                                f"{TEMPLATE_MARKUP_CHARS:,}"
+                            )
+            if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1:
+                if (abs(left).bit_length() - 1) * right > MAX_POWER_BITS:  # a lower bound on the result's bits
+                    raise OverflowError(f"{left} ** {right} has more than {MAX_POWER_BITS:,} bits")
+            return super().call_binop(context, operator, left, right)
+
+    return ChatSandbox
 
 
 def _generation_tag():
@@ -259,6 +315,7 @@ def _generation_tag():
 
 
 GenerationTag = _generation_tag()
+ChatSandbox = _chat_sandbox()
 
 
 def chat_tokenizer(tokenizer: Tokenizer) -> Tokenizer:
@@ -273,7 +330,7 @@ def folder_template(folder: Path) -> tuple[str, dict[str, str]] | None:
     reads them: chat_template.jinja, else tokenizer_config.json's chat_template (a string, or the
     list of named templates whose "default" is used); None if it has none."""
     config_path = folder / "tokenizer_config.json"
-    config = _parse(config_path.read_text(encoding="utf-8"), str(config_path)) if config_path.is_file() else {}
+    config = read_json(config_path) if config_path.is_file() else {}
     if not isinstance(config, dict):
         raise UserError(f"{config_path} holds a {type(config).__name__}, not an object")
     variables = {}
@@ -284,7 +341,7 @@ def folder_template(folder: Path) -> tuple[str, dict[str, str]] | None:
             variables[name] = value
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8"), variables
+        return read_user_text(jinja_file), variables
     template = config.get("chat_template")
     if isinstance(template, list):
         named = {entry.get("name"): entry.get("template") for entry in template if isinstance(entry, dict)}
@@ -373,6 +430,11 @@ def render_ids(
 ) -> Rendered:
     """The rendered text and its ids (see the module's docstring for how contents are kept ordinary)."""
     text = template.render(messages, add_generation_prompt, where)
+    if not text.strip():
+        raise UserError(
+            f"{where or 'the conversation'}: the chat template renders it as no text at all, so the model would read "
+            f"nothing of it (give a template that writes the messages)"
+        )
     contents = content_spans(template, messages, text, add_generation_prompt, where)
     markup = [
         (start, end)
@@ -408,11 +470,21 @@ def content_spans(
     """Where each message's content lies in text: the template rendered once more with a mark in place
     of each content shows it, if putting the contents (as they are, or stripped as Llama 3's template
     strips them) back where the marks are gives text again. None if not (then a content's special-token
-    strings are read as the tokens, as transformers reads them)."""
+    strings are read as the tokens, as transformers reads them). A template that leaves a message's
+    content out is a UserError: what the message says would be lost without a word."""
     marked = [{**message, "content": CONTENT_MARK.format(i)} for i, message in enumerate(messages)]
     skeleton = re.split(
         "(" + CONTENT_MARK.format(r"(\d+)") + ")", template.render(marked, add_generation_prompt, where)
     )
+    written = {int(number) for number in skeleton[2::3]}
+    left_out = next((i for i in range(len(messages)) if i not in written), None)
+    if left_out is not None:
+        message = messages[left_out]
+        raise UserError(
+            f"{where or 'the conversation'}: the chat template leaves out the content of message {left_out + 1} "
+            f"(the {message['role']}'s {message['content']!r:.40}), which would be lost (give a template that writes "
+            f"every message whole, or leave that message out)"
+        )
     for transform in (str, str.strip):
         rebuilt, spans = [], [None] * len(messages)
         length = 0

@@ -5,8 +5,10 @@ the paths a command writes: nothing it did not write is replaced or removed."""
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,60 @@ MAX_RECOGNISED_BYTES = 64 << 20
 def read_text(path: Path, errors: str = "strict") -> str:
     """A text file's content, decoded as TEXT_ENCODING (errors as for `open`)."""
     return Path(path).read_text(encoding=TEXT_ENCODING, errors=errors)
+
+
+def read_user_text(path: Path, advice: str = "; save it as UTF-8") -> str:
+    """A text file the user gave (a conversation or task file, a model folder's template or config), decoded
+    as TEXT_ENCODING; one that is not UTF-8 is a UserError naming the file and its first bad byte, then
+    `advice`."""
+    try:
+        return read_text(path)
+    except UnicodeDecodeError as e:
+        raise UserError(
+            f"{path} is not UTF-8 text: byte {e.start:,} ({e.object[e.start]:#04x}) is {e.reason}{advice}"
+        ) from None
+
+
+# Half of a UTF-16 surrogate pair written as a JSON escape: valid JSON, but no character, so a string
+# holding one can be neither encoded as UTF-8 nor tokenized. (A pair, as json.dumps writes an emoji, is fine.)
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def parse_json(text: str, where: str, advice: str = "") -> object:
+    """The value of a JSON text the user gave (one line of a .jsonl file, or a whole file), or one
+    UserError naming `where` and why it cannot be read (then `advice`, e.g. "; prepare the dataset
+    again"): it is not JSON, it is beyond what json reads (beyond_parser), or a string of it holds
+    half a surrogate pair."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        at = f"line {e.lineno}, column {e.colno}" if "\n" in text else f"column {e.colno}"
+        raise UserError(f"{where} is not valid JSON ({e.msg} at {at}){advice}") from None
+    except (RecursionError, ValueError) as e:
+        raise UserError(f"{where} is not JSON that can be read: {beyond_parser(e)}{advice}") from None
+    if SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UserError(
+                f"{where} holds the escape \\u{ord(e.object[e.start]):04x}, half of a UTF-16 surrogate pair without "
+                f"its other half: no character, so not text (write the character itself, or the whole pair){advice}"
+            ) from None
+    return value
+
+
+def beyond_parser(e: RecursionError | ValueError) -> str:
+    """Why Python's json or tomllib failed on a text that is well formed, in words: they recurse once per
+    level of nesting, so a text nested deeper than the interpreter's recursion limit raises RecursionError
+    (not their own decoding error), and an integer longer than sys.get_int_max_str_digits() a ValueError."""
+    if isinstance(e, RecursionError):
+        return f"it is nested deeper than Python's parser follows (about {sys.getrecursionlimit():,} levels)"
+    return f"it holds an integer of more than {sys.get_int_max_str_digits():,} digits"
+
+
+def read_json(path: Path, advice: str = "") -> object:
+    """The value of a JSON file the user gave, or one UserError naming it (see read_user_text, parse_json)."""
+    return parse_json(read_user_text(path, advice or "; save it as UTF-8"), str(path), advice)
 
 
 @contextmanager
@@ -245,8 +301,8 @@ def is_json_object_with(path: Path, keys: Iterable[str]) -> bool:
     try:
         if Path(path).stat().st_size > MAX_RECOGNISED_BYTES:
             return False
-        value = json.loads(read_text(path))
-    except (OSError, ValueError):
+        value = read_json(path)
+    except (OSError, UserError):
         return False
     return isinstance(value, dict) and set(keys) <= set(value)
 

@@ -10,13 +10,12 @@ before it (a conversation that the window's end cuts only loses its tail there),
 untrained tokens are -1: no loss.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from data.files import read_text
+from data.files import read_json
 from data.tokenizer import TOKENIZER_FILE, tokenizer_json_sha256
 from errors import UserError
 
@@ -164,10 +163,7 @@ def read_meta(directory: Path) -> dict:
             f"(shakespeare_char, shakespeare) are prepared on first use, others with "
             f"python data/prepare.py"
         )
-    try:
-        meta = json.loads(read_text(meta_path))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{meta_path} is not valid JSON ({e}); prepare the dataset again") from None
+    meta = read_json(meta_path, advice="; prepare the dataset again")
     if isinstance(meta, dict) and meta.get("tokenizer") == "json":
         meta["tokenizer_json"] = read_tokenizer_file(directory / TOKENIZER_FILE)
     return check_meta(meta, str(meta_path), "prepare the dataset again")

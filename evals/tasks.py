@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from data.conversations import messages_problem
+from data.files import parse_json, read_user_text
 from errors import UserError
 
 
@@ -467,10 +468,7 @@ def _read_jsonl(path: Path) -> list[dict]:
     for number, line in enumerate(_read_text(path).splitlines(), start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path} line {number} is not JSON ({e.msg} at column {e.colno})") from None
+        record = parse_json(line, f"{path} line {number}")
         if not isinstance(record, dict):
             raise UserError(f"{path} line {number} is not a JSON object (write one {{...}} per line)")
         records.append(record)
@@ -480,10 +478,7 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    text = read_user_text(path)
     if not text:
         raise UserError(f"{path} is empty (give a file with text or items)")
     return text

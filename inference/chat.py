@@ -53,7 +53,8 @@ def check_chat_model(tokenizer: Tokenizer, source: object) -> None:
 
 
 def check_chat_options(args, parser) -> None:
-    """--chat holds one conversation, streamed; the options of batch sampling and export do not apply."""
+    """--chat holds one conversation, streamed; the options of batch sampling and export do not apply,
+    and --system and --prompt are messages (check_messages)."""
     if args.system is not None and not args.chat:
         raise UserError("--system applies to --chat only (give --chat to talk to the model, or leave --system out)")
     if not args.chat:
@@ -62,6 +63,24 @@ def check_chat_options(args, parser) -> None:
         if getattr(args, option) != parser.get_default(option):
             flag = "--" + option.replace("_", "-")
             raise UserError(f"{flag} does not apply to --chat, which holds one conversation (leave {flag} out)")
+    check_messages(args.system, args.prompt)
+
+
+def check_messages(system: str | None, first: str | None) -> None:
+    """The system message and the one message to answer, where given, hold text, as every message of
+    a conversation file must: an empty --system is refused rather than left out (the model would read
+    a conversation without the system message it was given), and a blank --prompt rather than
+    skipped (there would be no message to answer, and no reply to end on)."""
+    if system is not None and not system.strip():
+        raise UserError(
+            f"--system={system!r} is blank, and a system message needs text as every message does (write the "
+            f"message, or leave --system out)"
+        )
+    if first is not None and not first.strip():
+        raise UserError(
+            f"--prompt={first!r} is blank: with --chat, --prompt is the one message the model answers, and a "
+            f"message needs text (write the message, or leave --prompt out to chat turn by turn)"
+        )
 
 
 def prompt_room(block_size: int, max_new_tokens: int) -> int:
@@ -152,11 +171,13 @@ def chat(
     notes: TextIO = sys.stderr,
 ) -> list[dict[str, str]]:
     """A conversation with the model: each line read_line returns is the user's turn (EOFError ends the
-    session, KeyboardInterrupt twice in a row too), and the reply is streamed to out. With `first`,
-    the model answers that one message and the session ends (sample.py --chat --prompt). Returns the
+    session, KeyboardInterrupt twice in a row too; a blank line is passed over), and the reply is
+    streamed to out. With `first`, the model answers that one message and the session ends (sample.py
+    --chat --prompt). A blank `system` or `first` is a UserError (check_messages). Returns the
     conversation as it was kept."""
     check_chat_model(tokenizer, "this run")
-    messages = [{"role": "system", "content": system}] if system else []
+    check_messages(system, first)
+    messages = [{"role": "system", "content": system}] if system is not None else []
     room = prompt_room(model.config.block_size, sampling.max_new_tokens)
     interrupted = False
     while True:
@@ -186,7 +207,7 @@ def chat(
             messages.pop()
             continue
         if dropped:
-            start = 1 if system else 0
+            start = 1 if system is not None else 0
             del messages[start : start + dropped]
             notes.write(
                 f"(the {dropped} oldest messages no longer fit in the model's {model.config.block_size}-token "
@@ -213,9 +234,9 @@ def chat_in_terminal(model: GPT, tokenizer: Tokenizer, args, source: object, pro
         args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile
     )
     generator = torch.Generator(device=device).manual_seed(args.seed)
-    if not args.prompt:
+    if args.prompt is None:
         print(
             f"chatting with {source} on {device.type}, {products}: Ctrl-C stops a reply, Ctrl-D ends", file=sys.stderr
         )
     prompt = "> " if sys.stdin.isatty() else ""  # typed turns get a prompt; piped ones keep stdout to replies
-    chat(model, tokenizer, sampling, generator, lambda: input(prompt), args.system, args.prompt or None)
+    chat(model, tokenizer, sampling, generator, lambda: input(prompt), args.system, args.prompt)

@@ -47,7 +47,7 @@ def read_config(directory: Path) -> dict:
         raise ValueError(f"{directory} has no config.json: it is not a Hugging Face model directory")
     try:
         settings = json.loads(config_path.read_text(encoding=TEXT_ENCODING))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested deeper than json's parser recurses
         raise ValueError(f"{config_path} is not valid JSON ({e})") from None
     if not isinstance(settings, dict):
         raise ValueError(f"{config_path} holds a JSON {type(settings).__name__}, not an object of settings")
@@ -84,7 +84,7 @@ def _shards(index: Path) -> list[Path]:
     """The shard files an index names: files beside it, never anywhere else."""
     try:
         weight_map = json.loads(index.read_text(encoding=TEXT_ENCODING))["weight_map"]
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError, KeyError):
+    except (ValueError, RecursionError, TypeError, KeyError):
         raise ValueError(f"{index} is not a safetensors index (a JSON object with a weight_map)") from None
     if not isinstance(weight_map, dict) or not all(isinstance(shard, str) for shard in weight_map.values()):
         raise ValueError(f"{index}: weight_map is not a table of tensor names to shard file names")

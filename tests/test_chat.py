@@ -305,3 +305,115 @@ def test_a_template_that_raises_is_refused_naming_the_conversation(own_tokenizer
         UserError, match="chats.jsonl line 2: the chat template cannot render it .*roles must alternate"
     ):
         render_conversation(CONVERSATIONS[0], tokenizer, where="chats.jsonl line 2")
+
+
+WRITES_CONTENTS = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        ("{% for message in messages %}{{ message['content'] + 5 }}{% endfor %}", "TypeError: can only concatenate"),
+        ("{{ 1/0 }}", "ZeroDivisionError: division by zero"),
+        ("{% for i in range(10**10) %}x{% endfor %}", "OverflowError: Range too big"),
+        ("{% macro again() %}{{ again() }}{% endmacro %}{{ again() }}", "RecursionError: maximum recursion depth"),
+        ("{{ 'a' * 2000000 }}", r"OverflowError: 'a' \* 2000000 would be 2,000,000 long, more than 1,048,576"),
+        ("{{ 2 ** 100000 }}", r"OverflowError: 2 \*\* 100000 has more than 16,384 bits"),
+        (
+            "{% for i in range(2000) %}{{ 'x' * 1000 }}{% endfor %}",
+            r"OverflowError: it writes more than 1,04[\d,]+ characters for",
+        ),
+    ],
+    ids=["type-error", "division-by-zero", "range", "recursion", "product", "power", "output"],
+)
+def test_a_template_that_fails_in_python_is_refused_naming_the_conversation(template, reason):
+    """Not only jinja's own errors: whatever a template raises (or would fill the memory with) is one
+    UserError, however the template is reached (prepare, eval.py, sample.py --chat render through it)."""
+    tokenizer = chat_tokenizer(CharTokenizer.from_text(TRAINING_TEXT))
+    tokenizer.with_chat_template(template + WRITES_CONTENTS, {})
+    with pytest.raises(UserError, match=rf"chats.jsonl line 2: the chat template cannot render it \({reason}"):
+        render_conversation(CONVERSATIONS[1], tokenizer, where="chats.jsonl line 2")
+    with pytest.raises(UserError, match=rf"gen.jsonl item 1: the chat template cannot render it \({reason}"):
+        render_prompt(CONVERSATIONS[1][:2], tokenizer, where="gen.jsonl item 1")
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("{% for message in messages %}{% endfor %}", "renders it as no text at all"),
+        (
+            "{% for message in messages %}{{ message['role'] }}: ...\n{% endfor %}",
+            "leaves out the content of message 1",
+        ),
+        (
+            "{% for message in messages %}{% if message['role'] != 'system' %}"
+            "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}",
+            "leaves out the content of message 1 \\(the system's 'You answer briefly, in verse.'\\), which would be lost",
+        ),
+    ],
+    ids=["nothing", "roles-only", "drops-the-system-message"],
+)
+def test_a_template_that_loses_a_message_is_refused(template, match):
+    tokenizer = chat_tokenizer(CharTokenizer.from_text(TRAINING_TEXT))
+    tokenizer.with_chat_template(template, {})
+    with pytest.raises(UserError, match=f"chats.jsonl line 2: the chat template {match}"):
+        render_conversation(CONVERSATIONS[1], tokenizer, where="chats.jsonl line 2")
+
+
+@pytest.mark.parametrize("name", ["tokenizer_config.json", "chat_template.jinja"])
+def test_a_template_file_that_is_not_utf8_is_refused_naming_it(name, tmp_path):
+    (tmp_path / "tokenizer.json").write_text(CharTokenizer.from_text(TRAINING_TEXT).to_json())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": WRITES_CONTENTS}))
+    (tmp_path / name).write_bytes(b'{"chat_template": "\xff"}')
+    with pytest.raises(UserError, match=rf"{name} is not UTF-8 text: byte 19 \(0xff\) is invalid start byte"):
+        folder_chat_tokenizer(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("line", "match"),
+    [
+        ("[" * 100_000, "is not JSON that can be read: it is nested deeper than Python's parser follows"),
+        (
+            '{"messages": ' + "1" * 5000 + "}",
+            "is not JSON that can be read: it holds an integer of more than 4,300 digits",
+        ),
+        (
+            '{"messages": [{"role": "user", "content": "hi \\ud800"}, {"role": "assistant", "content": "ho"}]}',
+            r"holds the escape \\ud800, half of a UTF-16 surrogate pair without its other half",
+        ),
+        ("{'messages': []}", r"is not valid JSON \(Expecting property name enclosed in double quotes at column 2\)"),
+    ],
+    ids=["nested", "long-integer", "half-a-surrogate-pair", "not-json"],
+)
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_conversation_file_json_cannot_read_is_refused_naming_the_line(line, match, suffix, tmp_path):
+    path = tmp_path / f"chats{suffix}"
+    good = json.dumps({"messages": CONVERSATIONS[0]})
+    path.write_text(f"{good}\n{line}\n" if suffix == ".jsonl" else line)
+    where = "line 2 " if suffix == ".jsonl" else ""
+    with pytest.raises(UserError, match=f"chats{suffix} {where}{match}"):
+        list(read_conversations(str(path)))
+
+
+def test_a_surrogate_pair_escape_reads_as_its_character(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    path.write_text(json.dumps({"messages": CONVERSATIONS[1]}, ensure_ascii=True) + "\n")  # 🙂 as \ud83d\ude42
+    assert "\\ud83d\\ude42" in path.read_text()
+    assert [c.messages for c in read_conversations(str(path))] == [CONVERSATIONS[1]]
+
+
+def test_a_record_with_both_messages_and_conversations_is_refused():
+    record = {"messages": CONVERSATIONS[0], "conversations": [{"from": "human", "value": "q"}]}
+    with pytest.raises(
+        UserError, match='chats.jsonl line 7: both "messages" and ShareGPT\'s "conversations" are given'
+    ):
+        check_conversation(record, "chats.jsonl line 7")
+
+
+def test_a_hub_record_reads_the_one_of_its_columns_that_is_not_null():
+    """A hub dataset's records hold every column, null where a record has none: not two conversations."""
+    sharegpt = [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]
+    assert check_conversation({"messages": None, "conversations": sharegpt}, "hub record 1") == [
+        {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+    ]  # fmt: skip
+    assert check_conversation({"messages": CONVERSATIONS[0], "conversations": None}, "hub record 2") == CONVERSATIONS[0]

@@ -120,6 +120,32 @@ def test_a_turn_too_long_for_the_context_is_refused_and_the_conversation_goes_on
         fit_history([{"role": "user", "content": "x" * 80}], tokenizer, 52)
 
 
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"first": "   "}, r"--prompt='   ' is blank: with --chat, --prompt is the one message the model answers"),
+        ({"first": ""}, r"--prompt='' is blank"),
+        ({"system": ""}, r"--system='' is blank, and a system message needs text as every message does"),
+        ({"system": " \n"}, r"--system=' \\n' is blank"),
+    ],
+    ids=["blank-prompt", "empty-prompt", "empty-system", "blank-system"],
+)
+def test_a_blank_system_or_one_turn_message_is_refused_not_skipped(options, match):
+    """A blank --prompt was skipped as a blank typed line is, and came back for ever; an empty --system was
+    left out of the conversation without a word."""
+    model, tokenizer, script = scripted("ok")
+    with pytest.raises(UserError, match=match):
+        talk(model, tokenizer, "hi", **options)
+    assert script.prompts == []
+
+
+def test_a_template_that_fails_on_the_one_turn_is_one_user_error():
+    model, tokenizer, _ = scripted("ok")
+    tokenizer.with_chat_template("{{ 1/0 }}", {})
+    with pytest.raises(UserError, match=r"the chat template cannot render it \(ZeroDivisionError: division by zero\)"):
+        talk(model, tokenizer, first="hi")
+
+
 class CtrlCAfter(io.StringIO):
     """Standard output where Ctrl-C is pressed once, after `after` writes."""
 
@@ -205,6 +231,25 @@ def test_sample_py_chat_prompt_answers_one_turn(chat_run):
     model, tokenizer = model_from_checkpoint(load_checkpoint(chat_run / "ckpt.pt"), chat_run)
     _, out, _ = talk(model, tokenizer, first="spell: dog", sampling=Sampling(10, 0))
     assert result.returncode == 0 and result.stdout == out and result.stdout.count("\n") == 1
+
+
+@pytest.mark.parametrize("message", ["   ", ""])
+def test_sample_py_chat_refuses_a_blank_prompt_at_once(chat_run, message):
+    """`--chat --prompt "   "` spun for ever, and `--prompt ""` read turns from stdin instead of answering one."""
+    result = run_sample("--out-dir", str(chat_run), "--chat", "--prompt", message, stdin="spell: dog\n")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"error: --prompt={message!r} is blank: with --chat, --prompt is the one message the model answers, and a "
+        f"message needs text (write the message, or leave --prompt out to chat turn by turn)"
+    ]
+
+
+def test_sample_py_with_an_empty_prompt_samples_as_without_one(chat_run):
+    """Plain sampling: --prompt "" is the default prompt, the start of a document (docs/sampling.md)."""
+    options = ("--out-dir", str(chat_run), "--temperature", "0", "--max-new-tokens", "10")
+    empty, left_out = run_sample(*options, "--prompt", ""), run_sample(*options)
+    assert empty.returncode == 0 and left_out.returncode == 0, empty.stderr + left_out.stderr
+    assert empty.stdout == left_out.stdout and empty.stdout.startswith("<|endoftext|>")
 
 
 # --- exported: transformers' apply_chat_template and greedy generate print what --chat prints -----------

@@ -19,7 +19,7 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from data.files import TEXT_ENCODING, read_text
+from data.files import TEXT_ENCODING, beyond_parser, read_text
 from errors import ConfigError
 from evals.tasks import task_specs
 from model import GPTConfig
@@ -600,6 +600,8 @@ def _read_toml(path: Path) -> list[tuple[str, str, object]]:
         raise ConfigError(f"config file {path} cannot be read ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"config file {path} is not valid TOML: {e}") from None
+    except (RecursionError, ValueError) as e:
+        raise ConfigError(f"config file {path} cannot be read: {beyond_parser(e)}") from None
     entries = []
     for section, table in raw.items():
         if not isinstance(table, dict):

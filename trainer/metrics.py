@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from data.files import atomic_open, read_text
+from data.files import atomic_open, parse_json, read_text
 from errors import UserError
 from model import GPTConfig
 from trainer.config import WandbConfig
@@ -192,8 +192,8 @@ def _parsed_records(path: Path) -> list[tuple[str, dict]]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = parse_json(line, f"{path} line {number}")
+        except UserError:
             if number == len(lines):
                 break
             record = None

@@ -121,7 +121,7 @@ class RunDir:
         elsewhere = "--train.out_dir=out/NAME"
         try:
             saved = tomllib.loads((self.path / RUN_CONFIG_NAME).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        except (OSError, ValueError, RecursionError):  # not UTF-8, not TOML, or nested too deep to parse
             return f"; continue it with {self.resume_command()}, or choose another directory ({elsewhere})"
         changes = unresumable_changes(config_to_dict(cfg), saved, self.path)
         if changes:
