@@ -33,9 +33,9 @@ from pathlib import Path
 from data.files import check_output_file, is_json_object_with, write_output
 from errors import ArgumentParser, UserError, run_cli
 from evals.evaluate import evaluate_task, load_tasks, results_json, summary_lines
-from evals.tasks import task_specs
 from inference.load import load_model
 from trainer.checkpoint import CHECKPOINT_NAME
+from trainer.config import task_specs
 from trainer.runtime import DTYPES, resolve_device, resolve_dtype
 
 

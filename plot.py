@@ -48,9 +48,10 @@ import torch  # noqa: E402
 
 from data.files import atomic_open, check_output_file  # noqa: E402
 from errors import ArgumentParser, UserError, run_cli  # noqa: E402
+from inference.load import model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from model.masks import dense_mask, pattern_rule  # noqa: E402
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 from trainer.schedules import tokens_before  # noqa: E402

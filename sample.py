@@ -46,6 +46,7 @@ window (Mistral).
 """
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -54,13 +55,10 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
-from finetune.lora import export_run_adapter
-from inference.chat import chat_in_terminal, check_chat_options
-from inference.load import RUNS_ROOT, load_model
+from inference.load import RUNS_ROOT, latest_run, load_model
 from inference.packed_linear import pack_linears, packing_unavailable
-from interop.pretrained import check_export_folder, export_model
 from model import GPT, generate, left_pad
-from trainer.checkpoint import CHECKPOINT_NAME, latest_run
+from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
@@ -195,6 +193,18 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def check_chat_options(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--chat holds one conversation, streamed: the options of batch sampling and export do not apply."""
+    if args.system is not None and not args.chat:
+        raise UserError("--system applies to --chat only (give --chat to talk to the model, or leave --system out)")
+    if not args.chat:
+        return
+    for option in ("export", "prompt_file", "num_samples", "stop"):
+        if getattr(args, option) != parser.get_default(option):
+            flag = "--" + option.replace("_", "-")
+            raise UserError(f"{flag} does not apply to --chat, which holds one conversation (leave {flag} out)")
+
+
 def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     if args.prompt_file is None:
         return [args.prompt or default]
@@ -265,29 +275,15 @@ def unescape(text: str) -> str:
 
 def main() -> None:
     args = parse_args()
-    if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
-        from interop.gguf import write_gguf  # here: sampling needs no gguf package (a bare CUDA image has none)
-
-        write_gguf(
-            Path(args.export_gguf),
-            args.dtype,
-            lambda: load_model(args.out_dir, init_from=args.init_from),
-            also=args.export,
-        )
-        return
+    if args.export_gguf is not None or args.export_adapter is not None or args.export is not None:
+        return export(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    if args.export_adapter is not None:
-        source = args.init_from or args.out_dir or latest_run(RUNS_ROOT)
-        print(export_run_adapter(source, Path(args.export_adapter)), file=sys.stderr)
-        return
-    if args.export is not None:
-        check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
+    if args.chat:  # the terminal chat's room (inference/chat.py): plain sampling never reads it
+        from inference.chat import chat_in_terminal, check_messages
+
+        check_messages(args.system, args.prompt)  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
-    if args.export is not None:
-        family = export_model(model, tokenizer, Path(args.export))
-        print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)
-        return
     model.to(device=device, dtype=dtype)
     products = prepare_products(model, device, dtype, args.compile)
     if args.chat:
@@ -320,6 +316,31 @@ def main() -> None:
         batch = rows[first : first + args.batch_size]
         generators = [torch.Generator(device=device).manual_seed(args.seed + first + i) for i in range(len(batch))]
         write_samples(model, tokenizer, batch, args, generators, separate=first > 0)
+
+
+def export(args: argparse.Namespace) -> None:
+    """--export-gguf, --export-adapter or --export: write the model for another program, sample nothing.
+    The writers are interop/'s: sampling never reads them (and needs no gguf package: a bare CUDA
+    image has none)."""
+    if args.export_gguf is not None:  # a file written on no device: --dtype is the type its weights are stored in
+        from interop.gguf import write_gguf
+
+        load = functools.partial(load_model, args.out_dir, init_from=args.init_from)  # after the path's checks
+        write_gguf(Path(args.export_gguf), args.dtype, load, also=args.export)
+        return
+    resolve_dtype(args.dtype, resolve_device(args.device, key="--device"), key="--dtype")  # refused as when sampling
+    if args.export_adapter is not None:
+        from interop.peft import export_run_adapter
+
+        source = args.init_from or args.out_dir or latest_run(RUNS_ROOT)
+        print(export_run_adapter(source, Path(args.export_adapter)), file=sys.stderr)
+        return
+    from interop.pretrained import check_export_folder, export_model
+
+    check_export_folder(Path(args.export))  # before a model, perhaps a large download, is loaded
+    model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
+    family = export_model(model, tokenizer, Path(args.export))
+    print(f"wrote {source} as a Hugging Face {family.architecture} to {args.export}", file=sys.stderr)
 
 
 def write_samples(

@@ -19,7 +19,7 @@ import argparse
 from pathlib import Path
 from typing import NoReturn
 
-from data.prepare import ensure_prepared
+from data.corpus import ensure_prepared
 from errors import ArgumentParser, UserError, run_cli
 from trainer.config import config_help, load_config, override_keys
 from trainer.distributed import World

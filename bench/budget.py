@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
 from bench.train import run_parts, timed, total_seconds  # noqa: E402
-from data.prepare import ensure_prepared  # noqa: E402
+from data.corpus import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
 from trainer.config import TrainConfig, load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402

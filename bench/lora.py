@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.arguments import BenchArguments, write_json  # noqa: E402
-from data.prepare import ensure_prepared  # noqa: E402
+from data.corpus import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
 from finetune.lora import add_adapters  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from optim.optimizer import lr_at  # noqa: E402
+from optim.lr_schedule import lr_at  # noqa: E402
 from trainer.config import LORA_TARGETS, LoraConfig, load_config  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402
 

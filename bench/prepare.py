@@ -25,8 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
+from data.corpus import CORPUS_DIR, prepare  # noqa: E402
 from data.files import read_text  # noqa: E402
-from data.prepare import CORPUS_DIR, prepare  # noqa: E402
 from data.sources import open_corpus  # noqa: E402
 from data.tokenizer import GPT2Tokenizer  # noqa: E402
 from errors import run_cli  # noqa: E402

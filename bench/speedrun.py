@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ablation import final_val_loss, whole_process  # noqa: E402
 from bench.arguments import BenchArguments, write_json  # noqa: E402
-from data.prepare import CORPUS_DIR, ensure_prepared  # noqa: E402
+from data.corpus import CORPUS_DIR, ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
 

@@ -27,7 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
-from data.prepare import ensure_prepared  # noqa: E402
+from data.corpus import ensure_prepared  # noqa: E402
 from errors import run_cli  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402

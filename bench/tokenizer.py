@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments  # noqa: E402
 from bench.prepare import generated_documents  # noqa: E402
-from data.prepare import CORPUS_DIR, SEED, VAL_FRACTION, in_val  # noqa: E402
+from data.corpus import CORPUS_DIR, SEED, VAL_FRACTION, in_val  # noqa: E402
 from data.tokenizer import (  # noqa: E402
     BPE_SPECIAL_TOKENS,
     MAX_VOCAB_SIZE,

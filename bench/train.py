@@ -42,7 +42,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments, write_json  # noqa: E402
-from data.prepare import ensure_prepared  # noqa: E402
+from data.corpus import ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import Config, TrainConfig, load_config, override_keys  # noqa: E402
 from trainer.loop import Trainer  # noqa: E402

@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from data.loader import TRAINED, TokenDataset  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint, model_from_checkpoint  # noqa: E402
+from inference.load import model_from_checkpoint  # noqa: E402
+from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint  # noqa: E402
 from trainer.config import config_from_dict  # noqa: E402
 from trainer.metrics import METRICS_NAME, read_metrics  # noqa: E402
 from trainer.objective import Objective  # noqa: E402

@@ -312,3 +312,11 @@ def _same_file(path: Path, other: Path) -> bool:
         return os.path.samefile(path, other)
     except OSError:
         return False
+
+
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+
+
+def is_hub_id(value: str) -> bool:
+    """owner/name that is not a path on this machine: a model or dataset on the Hugging Face hub."""
+    return bool(HUB_ID.match(value)) and not Path(value).exists()

@@ -52,6 +52,7 @@ from errors import UserError
 from evals.tasks import Item, Question, Task, load_task
 from model import GPT
 from model.generate import generate, left_pad
+from trainer.config import EvalConfig
 
 LOGITS_BYTES = 2**29  # the float32 logits one batch may hold (512 MiB): a GPT-2 vocabulary is 200 KB a token
 StopCheck = Callable[[], bool] | None  # asked after every batch: True abandons the evaluation
@@ -560,3 +561,24 @@ def results_json(results: list[TaskResult]) -> dict:
         for result in results
     }
     return {"tasks": tasks, "centred_mean": centred_mean(results)}
+
+
+class TrainingTasks:
+    """The [eval] tasks a training run scores at its evaluations (trainer/loop.py): read, checked and
+    encoded once, when the run is built, so that a bad item stops it before it starts."""
+
+    def __init__(self, cfg: EvalConfig, tokenizer: Tokenizer, block_size: int):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.tasks = load_tasks(cfg.task_list, cfg.items or None, tokenizer, block_size)
+
+    def score(self, model: GPT, stop: StopCheck) -> tuple[dict[str, float], list[str]] | None:
+        """Each task's figures as metrics.jsonl keys (metrics_record) and the lines that show them
+        (summary_lines); None if stop() said so after a batch."""
+        try:
+            results = [
+                evaluate_task(model, self.tokenizer, task, self.cfg.batch_size, limit=self.cfg.items or None, stop=stop)
+                for task in self.tasks
+            ]
+        except EvaluationStopped:
+            return None
+        return metrics_record(results), summary_lines(results)

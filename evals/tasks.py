@@ -389,12 +389,6 @@ def local_kind(record: dict) -> str:
     return "cloze" if "text" in record and "endings" not in record else "choice"
 
 
-def task_specs(entries: list[str]) -> list[str]:
-    """The --tasks entries (eval.py's arguments, or [eval] tasks), each split at its commas; blanks
-    between commas name nothing."""
-    return [spec.strip() for entry in entries for spec in entry.split(",") if spec.strip()]
-
-
 def load_task(spec: str, limit: int | None = None, max_new_tokens: int | None = None) -> Task:
     """The task a --tasks entry names (see the module's docstring), its first `limit` items (text:
     scoring windows) or all; max_new_tokens, if given, replaces a generation task's own."""

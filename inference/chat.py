@@ -52,20 +52,6 @@ def check_chat_model(tokenizer: Tokenizer, source: object) -> None:
         )
 
 
-def check_chat_options(args, parser) -> None:
-    """--chat holds one conversation, streamed; the options of batch sampling and export do not apply,
-    and --system and --prompt are messages (check_messages)."""
-    if args.system is not None and not args.chat:
-        raise UserError("--system applies to --chat only (give --chat to talk to the model, or leave --system out)")
-    if not args.chat:
-        return
-    for option in ("export", "prompt_file", "num_samples", "stop"):
-        if getattr(args, option) != parser.get_default(option):
-            flag = "--" + option.replace("_", "-")
-            raise UserError(f"{flag} does not apply to --chat, which holds one conversation (leave {flag} out)")
-    check_messages(args.system, args.prompt)
-
-
 def check_messages(system: str | None, first: str | None) -> None:
     """The system message and the one message to answer, where given, hold text, as every message of
     a conversation file must: an empty --system is refused rather than left out (the model would read

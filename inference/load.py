@@ -5,13 +5,15 @@ words: which run, its step of how many, its last val loss, and whether it stoppe
 
 from pathlib import Path
 
-from data.tokenizer import Tokenizer
+import torch
+
+from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
-from interop.pretrained import model_from_pretrained
 from model import GPT
-from trainer.checkpoint import CHECKPOINT_NAME, latest_run, load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import CHECKPOINT_NAME, check_weights, expected_weights, load_checkpoint
 from trainer.config import config_from_dict
 from trainer.metrics import METRICS_NAME, read_metrics
+from trainer.runtime import check_fits_in_memory
 
 RUNS_ROOT = Path("out")  # where train.py writes runs by default, and where the newest is looked for
 
@@ -25,6 +27,8 @@ def load_model(
     if checkpoint is not None:
         path, chosen = Path(checkpoint), None
     elif init_from is not None:
+        from interop.pretrained import model_from_pretrained  # Hugging Face folders' room: a run needs none of it
+
         model, tokenizer, folder = model_from_pretrained(init_from, key="--init-from")
         return model, tokenizer, str(folder)
     elif out_dir is not None:
@@ -59,3 +63,42 @@ def _last_val_loss(metrics: Path, step: int) -> str:
         return "no val loss recorded yet"
     last = evaluations[-1]
     return f"val loss {last['val_loss']:.4f} at step {last['step']:,}"
+
+
+def latest_run(root: Path) -> Path:
+    """The run directory under root whose checkpoint was written last."""
+    checkpoints = sorted(root.glob(f"*/{CHECKPOINT_NAME}"), key=lambda p: p.stat().st_mtime)
+    if not checkpoints:
+        raise UserError(
+            f"no run with a checkpoint under {root}/ (train one first: python train.py --config "
+            f"configs/shakespeare_char.toml, or pass --out-dir)"
+        )
+    return checkpoints[-1].parent
+
+
+def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]:
+    """The trained model (on the CPU, in eval mode) and the tokenizer of its dataset."""
+    cfg = config_from_dict(checkpoint["config"], source=str(path))
+    params = cfg.model.num_params()
+    check_fits_in_memory(
+        4 * params,
+        torch.device("cpu"),
+        f"the {params:,} float32 parameters of the model that the config in {path} describes",
+        "load it on a machine with more memory",
+    )
+    if "lora" in checkpoint:  # adapters only: the frozen base is read again from where it came from
+        from finetune.init_from import lora_model  # fine-tuning's room: a plain run's sampling never reads it
+
+        model = lora_model(checkpoint, path, cfg.model, cfg.lora)
+    else:
+        # names and shapes only, before the model is allocated
+        check_weights(expected_weights(cfg.model), checkpoint["model"], f"the weights in {path}")
+        model = GPT(cfg.model)
+        model.load_state_dict(checkpoint["model"])
+    tokenizer = tokenizer_from_meta(checkpoint["dataset"])
+    if tokenizer.vocab_size > cfg.model.vocab_size:
+        raise UserError(
+            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"model.vocab_size={cfg.model.vocab_size}"
+        )
+    return model.eval(), tokenizer

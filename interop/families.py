@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from model import GPT, GPTConfig
+from trainer.checkpoint import non_finite
 
 ANY = None  # a switch a family computes at every value
 
@@ -649,18 +650,6 @@ def _check_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], source
             f"{source}: {name} has shape {tuple(tensor.shape)} but config.json implies {shape} "
             f"(the weights do not belong to this config)"
         )
-
-
-def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
-    """The first tensor holding NaN or infinite values, described ("NAME holds 3 NaN and 0 infinite
-    values (of 4,096)"), or None: every load and write of weights asks this one question, and each
-    caller says what the weights are and what to do. One pass over each tensor; the values are
-    counted only once one is found."""
-    for name, tensor in tensors.items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            nans, infinities = int(tensor.isnan().sum()), int(tensor.isinf().sum())
-            return f"{name} holds {nans:,} NaN and {infinities:,} infinite values (of {tensor.numel():,})"
-    return None
 
 
 def _shapes(config: GPTConfig, bias: bool) -> dict[str, tuple[int, ...]]:

@@ -19,10 +19,11 @@ import gguf
 from data.files import check_output_file, make_dir
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
-from interop.families import gguf_family_for, non_finite
+from interop.families import gguf_family_for
 from interop.gguf_tensors import add_model, add_tensors, gguf_tensors, is_export
 from interop.pretrained import SpecialTokens, exported_config, note_plain_causal, special_tokens
 from model import GPT
+from trainer.checkpoint import non_finite
 
 GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character

@@ -5,7 +5,6 @@ model belongs to is interop/families.py's table; the files are read and written 
 import dataclasses
 import json
 import pickle
-import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,13 +14,13 @@ import tokenizers
 import torch
 
 from data.conversations import end_of_turn, folder_template
-from data.files import atomic_open, check_output_folder, make_dir
-from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer, tokenizer_from_meta
+from data.files import atomic_open, check_output_folder, is_hub_id, make_dir
+from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer
 from errors import UserError
-from interop.families import Family, family_for, hf_config, non_finite, tensors_to_hf
+from interop.families import Family, family_for, hf_config, tensors_to_hf
 from interop.hf import SAFETENSORS_NAME, load_dir, write_safetensors
 from model import GPT, GPTConfig
-from trainer.config import CHECKPOINT_NAME, Config
+from trainer.checkpoint import non_finite
 
 TOKENIZER_NAME = "tokenizer.json"
 GENERATION_CONFIG_NAME = "generation_config.json"  # a chat model's: where transformers' generate stops
@@ -31,16 +30,6 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 EXPORT_FILES = (SAFETENSORS_NAME, TOKENIZER_NAME, "tokenizer_config.json", GENERATION_CONFIG_NAME, "config.json")
 # what a hub download fetches: the files this project reads (not other formats' weights)
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
-# switches that make a model compute something else: a run that sets one differently from the folder is refused
-KEPT_SWITCHES = (
-    "pos_emb", "norm", "qk_norm", "mlp", "tie_embeddings", "logit_softcap", "smear_gate", "bigram_embed",
-    "value_embeds", "unet_skips", "backout",
-)  # fmt: skip
-# what the folder decides of the model's shape, whatever the run's config says
-FOLDER_SHAPE = (
-    "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "rope_base", "bias",
-)  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -51,11 +40,6 @@ class Pretrained:
     config: GPTConfig
     state: dict[str, torch.Tensor]
     directory: Path
-
-
-def is_hub_id(value: str) -> bool:
-    """owner/name that is not a path on this machine: a model on the Hugging Face hub."""
-    return bool(HUB_ID.match(value)) and not Path(value).exists()
 
 
 def resolve_folder(value: str, key: str) -> Path:
@@ -119,13 +103,6 @@ def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
     return tokenizer
 
 
-def same_ids(a: Tokenizer, b: Tokenizer) -> bool:
-    """Whether two tokenizers stand for the same ids: as many, each the same bytes (so a tokenizer.json
-    written from GPT-2's ranks is GPT-2's BPE). Two BPEs of one vocabulary and different merges would
-    pass; no tokenizer in practice is built so."""
-    return a.vocab_size == b.vocab_size and all(a.token_bytes(i) == b.token_bytes(i) for i in range(a.vocab_size))
-
-
 def model_from_pretrained(value: str, key: str) -> tuple[GPT, Tokenizer, Path]:
     """The model in a folder or hub id (on the CPU, in eval mode), its tokenizer and its folder."""
     pretrained = load_pretrained(value, key)
@@ -133,47 +110,6 @@ def model_from_pretrained(value: str, key: str) -> tuple[GPT, Tokenizer, Path]:
     model = GPT(pretrained.config)
     model.load_state_dict(pretrained.state)
     return model.eval(), tokenizer, pretrained.directory
-
-
-def with_pretrained_shape(cfg: Config, pretrained: Pretrained, dataset_meta: dict) -> Config:
-    """The run's config for fine-tuning the weights in train.init_from.
-
-    The architecture and shape are the folder's; model.block_size may shorten its context (a learned
-    position table is cropped); model.dropout and the attention pattern are the run's own.
-    """
-    source, folder = cfg.train.init_from, pretrained.config
-    tokenizer = folder_tokenizer(pretrained, "train.init_from")
-    if not same_ids(tokenizer, tokenizer_from_meta(dataset_meta)):
-        made_with = TOKENIZER_NAME if isinstance(tokenizer, JsonTokenizer) else "GPT-2 BPE"
-        prepare = pretrained.directory / TOKENIZER_NAME if made_with == TOKENIZER_NAME else "gpt2"
-        raise UserError(
-            f"train.init_from={source!r} holds a model that reads the ids of its {made_with}, but "
-            f"data.dataset={cfg.data.dataset!r} was prepared with another tokenizer ({dataset_meta['tokenizer']!r}) "
-            f"(prepare the text with python data/prepare.py --tokenizer {prepare})"
-        )
-    if cfg.model.block_size > folder.block_size:
-        raise UserError(
-            f"model.block_size={cfg.model.block_size} is longer than the {folder.block_size} positions of the "
-            f"model in train.init_from={source!r} (use at most {folder.block_size})"
-        )
-    default = GPTConfig()
-    for key in KEPT_SWITCHES:
-        run, theirs = getattr(cfg.model, key), getattr(folder, key)
-        if run != getattr(default, key) and run != theirs:
-            raise UserError(
-                f"train.init_from={source!r} holds a {pretrained.family.model_type} model with model.{key}="
-                f"{json.dumps(theirs)}, but the run sets model.{key}={json.dumps(run)} (fine-tuning keeps the "
-                f"folder's architecture: set model.{key}={json.dumps(theirs)} or leave it out)"
-            )
-    shape = {name: getattr(folder, name) for name in (*FOLDER_SHAPE, *KEPT_SWITCHES)}
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, **shape))
-
-
-def crop_positions(state: dict[str, torch.Tensor], block_size: int) -> dict[str, torch.Tensor]:
-    """The weights with a learned position table cut to the first block_size positions."""
-    if "transformer.wpe.weight" not in state:
-        return state
-    return state | {"transformer.wpe.weight": state["transformer.wpe.weight"][:block_size]}
 
 
 def export_model(model: GPT, tokenizer: Tokenizer, directory: Path) -> Family:
@@ -347,62 +283,3 @@ def _model_files(directory: Path) -> list[str]:
     weights = (".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")
     names = ("config.json", TOKENIZER_NAME, ADAPTER_CONFIG_NAME)
     return sorted(p.name for p in directory.iterdir() if p.name in names or p.name.endswith(weights))
-
-
-def run_checkpoint(value: str) -> Path | None:
-    """The checkpoint that train.init_from names: a ckpt.pt file, or a run directory holding one;
-    None for anything else (scratch, resume, a Hugging Face folder or hub id)."""
-    path = Path(value)
-    if path.is_file():
-        return path
-    return path / CHECKPOINT_NAME if (path / CHECKPOINT_NAME).is_file() else None
-
-
-def from_run_checkpoint(cfg: Config, checkpoint: dict, dataset_meta: dict) -> tuple[Config, dict[str, torch.Tensor]]:
-    """The run's config and starting weights for fine-tuning a checkpoint of this trainer (train.init_from
-    a run directory or ckpt.pt) on data.dataset. The architecture and shape are the checkpoint's; the
-    run's model.block_size (at most the checkpoint's), dropout and attention pattern apply.
-
-    The dataset's vocabulary must be the checkpoint's, or the checkpoint's followed by special tokens
-    added for chat (docs/chat.md): then the token embedding (and an untied output layer) grows by their
-    rows, each started at the mean of the existing tokens' rows, a token the model reads as an average
-    one rather than as noise."""
-    source = cfg.train.init_from
-    saved = dataclasses.replace(GPTConfig(), **checkpoint["config"]["model"])
-    if cfg.model.block_size > saved.block_size:
-        raise UserError(
-            f"model.block_size={cfg.model.block_size} is longer than the {saved.block_size} positions of the "
-            f"model in train.init_from={source!r} (use at most {saved.block_size})"
-        )
-    theirs, ours = tokenizer_from_meta(checkpoint["dataset"]), tokenizer_from_meta(dataset_meta)
-    shared = min(theirs.vocab_size, ours.vocab_size)
-    if ours.vocab_size < theirs.vocab_size or not all(
-        theirs.token_bytes(i) == ours.token_bytes(i) for i in range(shared)
-    ):
-        chat = "conversations" if "chat" in dataset_meta else "plain text"
-        vocabulary = f"{dataset_meta['tokenizer']} vocabulary of {ours.vocab_size:,}"
-        raise UserError(
-            f"data.dataset={cfg.data.dataset!r} ({chat}, {vocabulary}) "
-            f"does not extend the vocabulary the model in train.init_from={source!r} was trained with "
-            f"({theirs.vocab_size:,} tokens{', with a chat template' if 'chat' in checkpoint['dataset'] else ''}): "
-            f"prepare the data with --tokenizer {source} (docs/chat.md)"
-        )
-    pattern = {key: getattr(cfg.model, key) for key in ("block_size", "dropout", "attn_documents", "eot_token")}
-    vocab_size = max(saved.vocab_size, ours.vocab_size)
-    model = dataclasses.replace(saved, **pattern, vocab_size=vocab_size)
-    state = grow_vocabulary(checkpoint["model"], theirs.vocab_size, vocab_size)
-    return dataclasses.replace(cfg, model=model), state
-
-
-def grow_vocabulary(state: dict[str, torch.Tensor], known: int, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The weights with the token embedding (and an untied output layer, and value embeddings) grown to
-    vocab_size rows, the new rows each the mean of the first `known` rows (the tokens the model was
-    trained on)."""
-    grown = dict(state)
-    tables = [name for name in state if name.startswith("value_embeds.tables.")]
-    for name in ("transformer.wte.weight", "lm_head.weight", *tables):
-        if name in state and state[name].size(0) < vocab_size:
-            rows = state[name]
-            mean = rows[:known].mean(dim=0, keepdim=True)  # (1, C)
-            grown[name] = torch.cat([rows, mean.expand(vocab_size - rows.size(0), -1)])
-    return grown

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.prepare import prepare_bundled
+from data.corpus import prepare_bundled
 from errors import run_cli
 from model import GPT, GPTConfig
 from trainer.config import Config, build_config, config_to_toml

@@ -19,16 +19,17 @@ import torch
 import interop.pretrained as pretrained_module
 import trainer.checkpoint as checkpoint_module
 import trainer.metrics as metrics_module
+from data.corpus import CORPUS_DIR, prepare_text
 from data.files import FileLock
 from data.loader import TRAINED
-from data.prepare import CORPUS_DIR, prepare_text
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from errors import PROJECT_MODULES, run_cli
+from inference.load import model_from_checkpoint
 from interop.families import FAMILY_BY_TYPE, hf_config, tensors_to_hf
 from interop.hf import read_safetensors, write_safetensors
 from interop.pretrained import export_model
 from tests.conftest import PROJECT_ROOT, run_entry_point, snapshot, tiny_config, tiny_model, tiny_toml
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
 
@@ -319,8 +320,8 @@ def chat_model_folder(template: str) -> Callable[[Path], None]:
 
 def chat_dataset_of_the_run(workspace: Path) -> None:
     """data/chat: conversations rendered with out/tiny's characters and the built-in template."""
+    from data.chat_dataset import prepare_chat
     from data.conversations import read_conversations
-    from data.prepare import prepare_chat
 
     write_chats(*[{"messages": [{"role": "user", "content": "hi"}, CHAT_REPLY]}] * 20)(workspace)
     conversations = read_conversations(str(workspace / "chats.jsonl"))

@@ -21,7 +21,7 @@ from data.conversations import (
     render_conversation,
     render_prompt,
 )
-from data.prepare import CORPUS_DIR
+from data.corpus import CORPUS_DIR
 from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, tokenizer_from_meta, train_bpe
 from errors import UserError
 

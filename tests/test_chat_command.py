@@ -10,13 +10,15 @@ import sys
 import pytest
 import torch
 
+from data.chat_dataset import prepare_chat
 from data.conversations import IM_END, chat_tokenizer, read_conversations, render_prompt
-from data.prepare import CORPUS_DIR, prepare_chat
+from data.corpus import CORPUS_DIR
 from data.tokenizer import CharTokenizer
 from errors import UserError
 from inference.chat import Sampling, chat, fit_history, prompt_room
+from inference.load import model_from_checkpoint
 from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
 GREEDY = Sampling(max_new_tokens=12, temperature=0)

@@ -11,12 +11,14 @@ import torch
 import torch.nn.functional as F
 
 import trainer.loop as loop_module
+from data.chat_dataset import prepare_chat
 from data.conversations import IM_END, IM_START, read_conversations, render_prompt
+from data.corpus import SEED, in_val
 from data.loader import CONVERSATION_START, TRAINED, RandomWindows, TokenDataset, has_trained_target
-from data.prepare import SEED, in_val, prepare_chat
 from errors import UserError
+from inference.load import model_from_checkpoint
 from tests.conftest import FixedBatches, capture_gradients, tiny_config
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 from trainer.metrics import METRICS_NAME
 from trainer.metrics import read_metrics as read_log

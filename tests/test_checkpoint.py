@@ -5,8 +5,9 @@ import torch
 
 import trainer.checkpoint as checkpoint_module
 from errors import ConfigError, UserError
+from inference.load import latest_run, model_from_checkpoint
 from tests.conftest import tiny_config
-from trainer.checkpoint import latest_run, load_checkpoint, model_from_checkpoint, save_checkpoint
+from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.loop import Trainer
 
 

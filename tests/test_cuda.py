@@ -162,8 +162,8 @@ def test_lora_on_a_bfloat16_base_trains_its_float32_adapters_and_samples_on_cuda
 def test_chat_fine_tuning_with_documents_trains_replies_on_cuda(tmp_path, data_dir, compile):
     """Chat on the GPU: conversations packed with attn_documents (FlexAttention's document mask on
     CUDA), the loss over the replies only, in bfloat16; the loss falls and every step trained tokens."""
+    from data.chat_dataset import prepare_chat
     from data.conversations import read_conversations
-    from data.prepare import prepare_chat
     from tests.test_chat_training import write_chats
 
     base = tmp_path / "base"

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
+from data.corpus import CORPUS_DIR, ensure_prepared, prepare_text
 from data.loader import RandomWindows, TokenDataset
-from data.prepare import CORPUS_DIR, ensure_prepared, prepare_text
 from data.tokenizer import tokenizer_from_meta
 from errors import UserError
 

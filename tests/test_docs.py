@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data.prepare import CORPUS_DIR
+from data.corpus import CORPUS_DIR
 from tests.conftest import PROJECT_ROOT, run_entry_point
 
 README = PROJECT_ROOT / "README.md"

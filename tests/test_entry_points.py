@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sample
-from data.prepare import CORPUS_DIR
+from data.corpus import CORPUS_DIR
 from errors import UserError
 from inference.load import load_model
 from inference.packed_linear import packing_unavailable

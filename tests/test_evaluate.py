@@ -25,11 +25,12 @@ from evals.evaluate import (
     split_tokens,
 )
 from evals.tasks import GSM8K_JUDGE, LOCAL_JUDGE, Item, Question, Task, load_task, normalise
+from inference.load import model_from_checkpoint
 from interop.pretrained import export_model
 from plot import Run, loss_figure
 from plot import main as plot_main
 from tests.conftest import PROJECT_ROOT, run_entry_point, tiny_config, tiny_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 from trainer.metrics import read_metrics
 

@@ -328,7 +328,8 @@ def test_llama_cpp_splits_and_runs_a_qwen3_model_with_a_split_bpe_as_sample_py_d
 @llama_cpp_needed
 @pytest.mark.slow
 def test_llama_cpp_runs_the_quickstart_model_as_sample_py_does(data_dir, tmp_path):
-    from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+    from inference.load import model_from_checkpoint
+    from trainer.checkpoint import load_checkpoint
 
     quickstart = load_config(str(PROJECT_ROOT / "configs" / "shakespeare_char.toml"), []).model
     switches = {f"model__{key}": getattr(quickstart, key) for key in QUICKSTART_SWITCHES}
@@ -411,8 +412,8 @@ def test_a_llama3_folders_own_special_tokens_travel_in_the_file(tmp_path):
 def llama3_chat_run(tmp_path_factory):
     """A folder of Llama 3 Instruct's special tokens, and a run fine-tuned from it on conversations
     rendered through its template."""
+    from data.chat_dataset import prepare_chat
     from data.conversations import Conversation
-    from data.prepare import prepare_chat
 
     root = tmp_path_factory.mktemp("llama3_chat")
     folder = llama3_instruct_folder(root / "llama")
@@ -528,8 +529,8 @@ def test_llama_cpp_renders_a_llama3_chat_as_transformers_does(source, llama3_cha
 def documents_chat_run(tmp_path_factory, data_dir):
     """A tiny character model trained with model.attn_documents on spelling conversations (the
     quickstart's 65 characters, the built-in template), long enough to answer in letters."""
+    from data.chat_dataset import prepare_chat
     from data.conversations import Conversation
-    from data.prepare import prepare_chat
 
     root = tmp_path_factory.mktemp("documents_chat")
     spelling = [
@@ -553,8 +554,9 @@ def documents_chat_run(tmp_path_factory, data_dir):
 def test_llama_cpp_chat_replies_as_sample_py_chat_to_a_model_trained_with_documents(documents_chat_run, tmp_path):
     llama_cpp = pytest.importorskip("llama_cpp")
     from inference.chat import Sampling
+    from inference.load import model_from_checkpoint
     from tests.test_chat_command import run_sample, talk
-    from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+    from trainer.checkpoint import load_checkpoint
 
     run = documents_chat_run
     model, tokenizer = model_from_checkpoint(load_checkpoint(run / "ckpt.pt"), run)

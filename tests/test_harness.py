@@ -17,9 +17,10 @@ import torch
 from data.tokenizer import GPT2Tokenizer
 from evals.evaluate import evaluate_task, score_items
 from evals.tasks import load_task
+from inference.load import model_from_checkpoint
 from interop.pretrained import export_model
 from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.loop import Trainer
 
 # found, not imported: importing the harness imports `datasets`, which must wait for conftest's offline setup

@@ -9,10 +9,12 @@ import pytest
 import torch
 
 from errors import ConfigError, UserError
-from finetune.lora import LoRALinear, add_adapters, export_run_adapter, merge_adapters
+from finetune.lora import LoRALinear, add_adapters, merge_adapters
+from inference.load import model_from_checkpoint
+from interop.peft import export_run_adapter
 from interop.pretrained import check_export_folder, export_model
 from tests.conftest import run_script, snapshot, tiny_config, tiny_model
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.config import LoraConfig, load_config
 from trainer.loop import Trainer
 

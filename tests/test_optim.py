@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from errors import ConfigError, UserError
+from optim.lr_schedule import lr_at
 from optim.muon import fitted_coefficients
-from optim.optimizer import CautiousAdamW, build_optimizer, lr_at
+from optim.optimizer import CautiousAdamW, build_optimizer
 from tests.conftest import tiny_config, tiny_model
 from tests.test_trainer import read_metrics, train_losses
 from trainer.config import OptimConfig, load_config

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import data.prepare as prepare_module
+import data.corpus as prepare_module
 import data.sources as sources_module
+from data.corpus import CORPUS_DIR, in_val, prepare, split_long
 from data.loader import TokenDataset
-from data.prepare import CORPUS_DIR, in_val, prepare, split_long
 from data.sources import Corpus, local_files, open_corpus, open_text_file
 from data.tokenizer import END_OF_TEXT, CharTokenizer, GPT2Tokenizer, tokenizer_from_meta, train_bpe
 from errors import UserError

@@ -10,8 +10,10 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import UserError
+from finetune.init_from import grow_vocabulary, with_pretrained_shape
+from inference.load import model_from_checkpoint
 from interop.families import FAMILY_BY_TYPE, family_for, gguf_family_for
-from interop.pretrained import Pretrained, export_model, grow_vocabulary, with_pretrained_shape
+from interop.pretrained import Pretrained, export_model
 from model import GPT, GPTConfig, left_pad
 from optim.optimizer import build_optimizer
 from tests.conftest import tiny_config, tiny_model
@@ -20,7 +22,7 @@ from tests.test_masks import EOT
 from tests.test_optim import CPU, one_step, owners
 from tests.test_trainer import train_losses
 from tests.test_variants import learns_a_batch
-from trainer.checkpoint import load_checkpoint, model_from_checkpoint
+from trainer.checkpoint import load_checkpoint
 from trainer.config import OptimConfig, build_config, idle_keys, load_config
 from trainer.loop import Trainer
 

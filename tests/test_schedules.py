@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from errors import ConfigError
-from optim.optimizer import lr_at
+from optim.lr_schedule import lr_at
 from plot import Run
 from tests.conftest import tiny_config
 from trainer.config import Config, build_config, idle_keys

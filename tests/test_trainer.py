@@ -13,7 +13,8 @@ import trainer.metrics as metrics_module
 import trainer.runtime as runtime_module
 from errors import UserError
 from model import GPTConfig
-from optim.optimizer import build_optimizer, lr_at
+from optim.lr_schedule import lr_at
+from optim.optimizer import build_optimizer
 from tests.conftest import FixedBatches, fixed_tokens, tiny_config, tiny_model
 from trainer.config import Config, LoraConfig, OptimConfig, config_to_dict, load_config
 from trainer.loop import Trainer

@@ -10,8 +10,9 @@ import torch
 
 from data.tokenizer import GPT2Tokenizer
 from errors import ConfigError, UserError
+from finetune.init_from import with_pretrained_shape
 from interop.families import FAMILY_BY_TYPE
-from interop.pretrained import Pretrained, export_model, with_pretrained_shape
+from interop.pretrained import Pretrained, export_model
 from model import GPT, GPTConfig
 from tests.conftest import tiny_model
 from tests.test_kv_cache import decode_with_cache

@@ -16,13 +16,10 @@ import torch
 
 from data.files import atomic_open, shipped_run
 from data.loader import RandomWindows, check_meta
-from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
-from interop.families import non_finite
-from model import GPT
+from model import GPT, GPTConfig
 from trainer.config import CHECKPOINT_NAME, check_token_keys, config_from_dict
 from trainer.objective import Objective
-from trainer.runtime import check_fits_in_memory
 
 FORMAT_VERSION = 3
 # format 2 differs in one meaning only: its QK-norm was RMSNorm whatever model.norm said, where
@@ -175,17 +172,23 @@ def _check_contents(state: dict, path: Path) -> None:
     check_token_keys(cfg.model, state["dataset"]["vocab_size"], f"the dataset {path} was trained on", fix)
 
 
-def expected_weights(cfg) -> dict[str, torch.Tensor]:
-    """The tensors (on the meta device: names and shapes) that a checkpoint of a run with this
-    config holds: the model's weights, or with cfg.lora.rank above 0 only the adapters."""
-    with torch.device("meta"):
-        model = GPT(cfg.model)
-        if not cfg.lora.rank:
-            return model.state_dict()
-        from finetune.lora import adapter_state, add_adapters  # which reads the base model through this module
+def non_finite(tensors: dict[str, torch.Tensor]) -> str | None:
+    """The first tensor holding NaN or infinite values, described ("NAME holds 3 NaN and 0 infinite
+    values (of 4,096)"), or None: every load and write of weights asks this one question, and each
+    caller says what the weights are and what to do. One pass over each tensor; the values are
+    counted only once one is found."""
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            nans, infinities = int(tensor.isnan().sum()), int(tensor.isinf().sum())
+            return f"{name} holds {nans:,} NaN and {infinities:,} infinite values (of {tensor.numel():,})"
+    return None
 
-        add_adapters(model, cfg.lora)
-        return adapter_state(model.state_dict())
+
+def expected_weights(config: GPTConfig) -> dict[str, torch.Tensor]:
+    """The tensors (on the meta device: names and shapes) of GPT(config): what a checkpoint of a run
+    holds (a LoRA run's holds its adapters instead: finetune/lora.py's expected_adapters)."""
+    with torch.device("meta"):
+        return GPT(config).state_dict()
 
 
 def check_weights(expected: dict[str, torch.Tensor], weights: dict, source: str) -> None:
@@ -206,40 +209,10 @@ def check_weights(expected: dict[str, torch.Tensor], weights: dict, source: str)
             )
 
 
-def latest_run(root: Path) -> Path:
-    """The run directory under root whose checkpoint was written last."""
-    checkpoints = sorted(root.glob(f"*/{CHECKPOINT_NAME}"), key=lambda p: p.stat().st_mtime)
-    if not checkpoints:
-        raise UserError(
-            f"no run with a checkpoint under {root}/ (train one first: python train.py --config "
-            f"configs/shakespeare_char.toml, or pass --out-dir)"
-        )
-    return checkpoints[-1].parent
-
-
-def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]:
-    """The trained model (on the CPU, in eval mode) and the tokenizer of its dataset."""
-    cfg = config_from_dict(checkpoint["config"], source=str(path))
-    params = cfg.model.num_params()
-    check_fits_in_memory(
-        4 * params,
-        torch.device("cpu"),
-        f"the {params:,} float32 parameters of the model that the config in {path} describes",
-        "load it on a machine with more memory",
-    )
-    # names and shapes only, before the model is allocated
-    check_weights(expected_weights(cfg), checkpoint["model"], f"the weights in {path}")
-    if "lora" in checkpoint:
-        from finetune.lora import lora_model  # which reads the base model through this module
-
-        model = lora_model(checkpoint, path, cfg.model, cfg.lora)
-    else:
-        model = GPT(cfg.model)
-        model.load_state_dict(checkpoint["model"])
-    tokenizer = tokenizer_from_meta(checkpoint["dataset"])
-    if tokenizer.vocab_size > cfg.model.vocab_size:
-        raise UserError(
-            f"{path}: the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-            f"model.vocab_size={cfg.model.vocab_size}"
-        )
-    return model.eval(), tokenizer
+def run_checkpoint(value: str) -> Path | None:
+    """The checkpoint that train.init_from names: a ckpt.pt file, or a run directory holding one;
+    None for anything else (scratch, resume, a Hugging Face folder or hub id)."""
+    path = Path(value)
+    if path.is_file():
+        return path
+    return path / CHECKPOINT_NAME if (path / CHECKPOINT_NAME).is_file() else None

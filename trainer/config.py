@@ -21,7 +21,6 @@ from pathlib import Path
 
 from data.files import TEXT_ENCODING, beyond_parser, read_text
 from errors import ConfigError
-from evals.tasks import task_specs
 from model import GPTConfig
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|mps|cuda(?::(\d+))?")  # group 1: the GPU's index
@@ -232,6 +231,12 @@ class WandbConfig:
 
     def __post_init__(self):
         _check_choice(self, "mode", WANDB_MODES)
+
+
+def task_specs(entries: list[str]) -> list[str]:
+    """The --tasks entries (eval.py's arguments, or [eval] tasks), each split at its commas; blanks
+    between commas name nothing."""
+    return [spec.strip() for entry in entries for spec in entry.split(",") if spec.strip()]
 
 
 @dataclass

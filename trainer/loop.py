@@ -4,7 +4,6 @@ resumed or overwritten) is trainer/run_dir.py's room, stop requests trainer/stop
 checkpoint holds and how it is written trainer/checkpoint.py's."""
 
 import dataclasses
-import difflib
 import itertools
 import math
 import signal
@@ -13,42 +12,21 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data.files import shipped_run
 from data.loader import SPLITS, RandomWindows, TokenDataset
-from data.tokenizer import tokenizer_from_meta
+from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
-from evals.evaluate import (
-    EvaluationStopped,
-    TaskResult,
-    evaluate_task,
-    load_tasks,
-    metrics_record,
-    summary_lines,
-)
-from finetune.lora import adapter_state, add_adapters, base_record, base_weights, check_base
-from interop.families import non_finite
-from interop.pretrained import (
-    crop_positions,
-    from_run_checkpoint,
-    is_hub_id,
-    load_pretrained,
-    run_checkpoint,
-    with_pretrained_shape,
-)
 from model import GPT
-from optim.optimizer import build_optimizer, lr_at
+from optim.lr_schedule import lr_at
+from optim.optimizer import build_optimizer
 from trainer.checkpoint import (
     FORMAT_VERSION,
     check_weights,
-    expected_weights,
-    load_checkpoint,
+    non_finite,
     restore_rng_state,
     rng_state,
     save_checkpoint,
 )
 from trainer.config import (
-    CHECKPOINT_NAME,
-    INIT_FROM,
     Config,
     TrainConfig,
     check_token_keys,
@@ -62,6 +40,7 @@ from trainer.objective import Objective
 from trainer.run_dir import RunDir, check_same_kind_of_data
 from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
 from trainer.schedules import batch_shape_at, describe, lr_factor_at, tokens_before
+from trainer.start import check_init_from, starting_point
 from trainer.stop import StopSignals
 
 
@@ -70,7 +49,7 @@ class Trainer:
 
     def __init__(self, cfg: Config):
         train = cfg.train
-        _check_init_from(train.init_from)
+        check_init_from(train.init_from)
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
         self.device = self.world.device(train.device)
@@ -103,21 +82,9 @@ class Trainer:
         self.dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
         if checkpoint is not None:  # before the vocabulary sizes, which differ too: the kind of data says why
             check_same_kind_of_data(checkpoint["dataset"], self.dataset.meta, cfg.data.dataset, self.run_dir.path)
-        pretrained = None
-        # LoRA: where the frozen weights came from, and their fingerprint (finetune/lora.py)
-        self.lora_base = checkpoint.get("lora") if checkpoint is not None else None
-        if train.init_from not in INIT_FROM and run_checkpoint(train.init_from) is not None:  # a run of ours
-            source = load_checkpoint(run_checkpoint(train.init_from))
-            if cfg.lora.rank:
-                check_base(train.init_from, source, self.dataset.vocab_size)
-                self.lora_base = base_record(train.init_from, source["model"])
-            cfg, pretrained = from_run_checkpoint(cfg, source, self.dataset.meta)
-        elif train.init_from not in INIT_FROM:  # fine-tune the weights in that folder (or hub model)
-            folder = load_pretrained(train.init_from, key="train.init_from")
-            cfg = with_pretrained_shape(cfg, folder, self.dataset.meta)
-            pretrained = folder.state
-            if cfg.lora.rank:
-                self.lora_base = base_record(train.init_from, folder.state)
+        # where the weights start: scratch, or a run or folder to fine-tune (finetune/init_from.py)
+        self.start = starting_point(cfg, self.dataset, checkpoint)
+        cfg = self.start.cfg
         self.cfg = cfg = _with_document_separator(_with_dataset_vocab(cfg, self.dataset.vocab_size), self.dataset.meta)
         check_token_keys(
             cfg.model,
@@ -129,24 +96,19 @@ class Trainer:
         _check_rows_hold_conversations(cfg, self.dataset)
         # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
         self.tokenizer = tokenizer_from_meta(self.dataset.meta)
-        self.tasks = load_tasks(cfg.eval.task_list, cfg.eval.items or None, self.tokenizer, cfg.model.block_size)
+        self.tasks = _training_tasks(cfg, self.tokenizer)
         if checkpoint is not None:
             self.run_dir.check_resumable(checkpoint, cfg, self.dataset.meta)
-            if cfg.lora.rank:  # the frozen weights are not in the checkpoint: read them again from their source
-                pretrained = base_weights(self.lora_base, cfg.model, str(self.run_dir.checkpoint_path))
 
         if self.device.type == "cuda":
             enable_tf32()
         _check_fits_in_memory(cfg, self.device, self.dtype, self.world.size if train.parallelism == "fsdp" else 1)
         torch.manual_seed(train.seed)  # the same initial weights in every process
         self.model = GPT(cfg.model).to(self.device)
+        checkpoint_path = self.run_dir.checkpoint_path
         if checkpoint is not None:
-            check_weights(expected_weights(cfg), checkpoint["model"], f"the weights in {self.run_dir.checkpoint_path}")
-        if pretrained is not None:
-            self.model.load_state_dict(crop_positions(pretrained, cfg.model.block_size))
-        if cfg.lora.rank:  # the base frozen (in lora.base_dtype), adapters beside it: the optimizer holds only those
-            self.model.to(dtype=getattr(torch, cfg.lora.base_dtype))
-            add_adapters(self.model, cfg.lora)
+            check_weights(self.start.expected_weights(cfg), checkpoint["model"], f"the weights in {checkpoint_path}")
+        self.start.load(self.model, cfg, checkpoint_path, resumed=checkpoint is not None)
         self.parallel = ParallelModel(self.model, train.parallelism, self.world, self.device, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)  # after sharding: it holds the shards
         # float16 gradients underflow without loss scaling; bfloat16 and float32 need none
@@ -372,14 +334,15 @@ class Trainer:
             record[f"{split}_perplexity"] = math.exp(min(loss, 700.0))  # exp overflows a float past ~709
             # nats per token -> bits per token -> bits per byte of text: comparable across tokenizers
             record[f"{split}_bpb"] = loss / math.log(2) / self.dataset.bytes_per_token(split)
-        results = self._score_tasks(stop)
-        if results is None:
+        scores = self._score_tasks(stop)
+        if scores is None:
             return False
-        self._record(record | metrics_record(results))
+        figures, lines = scores
+        self._record(record | figures)
         if self.world.is_main:
             write(f"step {self.step}: " + ", ".join(self._loss_summary(split, record) for split in SPLITS))
-            if results:
-                write(f"step {self.step}: " + "; ".join(summary_lines(results)))
+            if lines:
+                write(f"step {self.step}: " + "; ".join(lines))
         return True
 
     def _loss_summary(self, split: str, record: dict) -> str:
@@ -397,32 +360,23 @@ class Trainer:
             f"{record['val_bpb']:.4f} bits per byte)"
         )
 
-    def _score_tasks(self, stop: "StopSignals") -> list[TaskResult] | None:
-        """The [eval] tasks' figures at every eval.every-th evaluation and at the last step, else none;
-        None if a stop request came first (agreed on after each batch, counted over all the tasks).
-        Every process scores the same items in the same batches (a sharded model's forward pass needs
-        them all), so every process agrees at the same batch."""
+    def _score_tasks(self, stop: "StopSignals") -> tuple[dict[str, float], list[str]] | None:
+        """The [eval] tasks' figures and summary lines at every eval.every-th evaluation and at the last
+        step, else none; None if a stop request came first (agreed on after each batch, counted over all
+        the tasks). Every process scores the same items in the same batches (a sharded model's forward
+        pass needs them all), so every process agrees at the same batch."""
         cfg = self.cfg
         due = (self.step // cfg.train.eval_interval) % cfg.eval.every == 0 or self.step == cfg.train.max_iters
-        if not self.tasks or not due:
-            return []
-        limit = cfg.eval.items or None
+        if self.tasks is None or not due:
+            return {}, []
         agreement = stop.during_evaluation()
         batches = itertools.count(1)
 
         def stop_requested() -> bool:
             return agreement.requested(next(batches)) is not None
 
-        try:
-            with autocast(self.device, self.dtype):
-                return [
-                    evaluate_task(
-                        self.model, self.tokenizer, task, cfg.eval.batch_size, limit=limit, stop=stop_requested
-                    )
-                    for task in self.tasks
-                ]
-        except EvaluationStopped:
-            return None
+        with autocast(self.device, self.dtype):
+            return self.tasks.score(self.model, stop_requested)
 
     def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
         """Record the mean loss over all processes; stop the run if it is not a finite number. A chat
@@ -473,21 +427,18 @@ class Trainer:
         """Everything needed to sample from the model or continue the run, as plain data. Every
         process must call it (FSDP gathers the weights, and each process adds its RNG states)."""
         model_state, optimizer_state = self.parallel.state_dicts(self.optimizer)
-        lora = {}
-        if self.cfg.lora.rank:  # the adapters only; the base is where lora_base says
-            model_state, lora = adapter_state(model_state), {"lora": self.lora_base}
         return {
             "format_version": FORMAT_VERSION,
             "step": self.step,
             "config": config_to_dict(self.cfg),
             "dataset": self.dataset.meta,
-            "model": model_state,  # the full, unwrapped and uncompiled module's names
+            # the full, unwrapped and uncompiled module's names (a LoRA run's: its adapters, and where their base is)
+            **self.start.saved(model_state),
             "optimizer": optimizer_state,  # keyed by parameter name, whatever the parallelism
             "scaler": self.scaler.state_dict(),
             # one entry per process, in rank order
             "rng": self.world.gather(rng_state(self.device, self.batches, self.objective)),
             "wandb_run_id": self.wandb_run_id or "",
-            **lora,
         }
 
     def _stop(self, signum: int, unlogged: tuple | None, throughput: Throughput | None, progress: tqdm) -> int:
@@ -553,25 +504,6 @@ class Trainer:
     def _print(self, text: str) -> None:
         if self.world.is_main:
             print(text)
-
-
-def _check_init_from(init_from: str) -> None:
-    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one,
-    and the run directory of a shipped config that has no checkpoint yet (not a hub id) with the command
-    that trains it."""
-    path, run = Path(init_from), shipped_run(Path(init_from))
-    if run and not any((path / name).is_file() for name in (CHECKPOINT_NAME, "config.json")):
-        state = "does not exist yet" if not path.exists() else f"holds no {CHECKPOINT_NAME} yet"
-        raise UserError(f"train.init_from={init_from!r} {state}: {run}")
-    if init_from in INIT_FROM or Path(init_from).is_dir() or Path(init_from).is_file() or is_hub_id(init_from):
-        return
-    close = difflib.get_close_matches(init_from, INIT_FROM, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise UserError(
-        f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
-        f"new run, resume to continue the run in train.out_dir, a run directory or ckpt.pt to fine-tune, or a "
-        f"Hugging Face model folder or hub id{hint})"
-    )
 
 
 def _check_accumulation(train: TrainConfig, world_size: int) -> None:
@@ -645,3 +577,13 @@ def _check_rows_hold_conversations(cfg: Config, dataset: TokenDataset) -> None:
             f"{dataset.directory} holds a conversation of {dataset.meta['chat']['longest']:,} tokens, which they "
             f"would cut (use lengths of at least that, or no schedule)"
         )
+
+
+def _training_tasks(cfg: Config, tokenizer: Tokenizer):
+    """The [eval] tasks scored at the run's evaluations (an evals.evaluate.TrainingTasks), or None
+    without any: a run without them never reads evaluation code."""
+    if not cfg.eval.task_list:
+        return None
+    from evals.evaluate import TrainingTasks
+
+    return TrainingTasks(cfg.eval, tokenizer, cfg.model.block_size)

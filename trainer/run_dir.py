@@ -11,7 +11,6 @@ from pathlib import Path
 from data.files import FileLock, atomic_open, check_writable_dir
 from data.tokenizer import vocabulary_fingerprint
 from errors import UserError
-from evals.tasks import task_specs
 from trainer.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from trainer.config import (
     RUN_CONFIG_HEADER,
@@ -21,6 +20,7 @@ from trainer.config import (
     config_to_dict,
     is_run_config,
     run_config_toml,
+    task_specs,
 )
 from trainer.distributed import World
 from trainer.metrics import METRICS_NAME, MetricsLog, read_metrics, read_records
