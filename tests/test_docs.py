@@ -43,7 +43,7 @@ from tests.conftest import PROJECT_ROOT, run_entry_point
 README = PROJECT_ROOT / "README.md"
 DOCS = sorted((PROJECT_ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
-README_MAX_BYTES = 15 * 1024
+README_MAX_BYTES = 10 * 1024
 
 PROGRAMS = ("python", "torchrun", "pip", "hf", "time", "/usr/bin/time")
 SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # NAME=value before a program
