@@ -1,8 +1,11 @@
-r"""nanoGPT's CPU recipe beside a config of ours, on one machine in one run: each one's whole process
-(start to exit) and the final val loss it reports, and how many times faster ours is.
+r"""nanoGPT's CPU recipe, or another config of ours, beside a config of ours, on one machine in one run:
+each one's whole process (start to exit) and the final val loss it reaches, and how many times faster
+ours is.
 
     python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char.toml --repeats 3 --threads 1
     python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char.toml --train.max_iters=400
+    python bench/speedrun.py --against configs/shakespeare_char.toml --config configs/shakespeare_char_speedrun.toml \
+        --repeats 6 --seeds 1337 1338 1339 --threads 1
 
 --nanogpt is a checkout of https://github.com/karpathy/nanoGPT; it is never written to. Its files
 are copied into a scratch folder, with this project's bundled Shakespeare as the input.txt its
@@ -22,6 +25,13 @@ loss is each program's own estimate at its last evaluation: nanoGPT's last `step
 val loss Y` line, ours the last val_loss of metrics.jsonl. The table gives each run, then the
 medians and the ratio of nanoGPT's median wall time to ours (with each round's ratio); --json PATH
 also writes them.
+
+--against CONFIG takes a config of ours as the reference instead of nanoGPT: `python train.py
+--config CONFIG` in the same turns, with the same threads (the overrides apply to --config alone).
+Both are then runs of this trainer, so both are scored on the whole val split by bench/val.py's
+measure (the same windows for both, after each run's exit: untimed) rather than by the trainer's
+estimate. --seeds gives our runs (and --against's) a train.seed each round, in turn: round r takes
+the (r mod n)-th of the n seeds, so rounds of several seeds show the spread that a seed brings.
 """
 
 import os
@@ -39,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ablation import final_val_loss, whole_process  # noqa: E402
 from bench.arguments import BenchArguments, write_json  # noqa: E402
+from bench.val import score_run  # noqa: E402
 from data.corpus import CORPUS_DIR, ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
@@ -62,43 +73,67 @@ NANOGPT_RECIPE = [
 NANOGPT_FILES = ("train.py", "config/train_shakespeare_char.py", "data/shakespeare_char/prepare.py")
 # nanoGPT's estimate_loss line, printed at every evaluation
 NANOGPT_EVALUATION = re.compile(r"^step (\d+): train loss (\S+), val loss (\S+)$", re.MULTILINE)
-FIGURES = ("threads", "nanogpt", "ours", "wall_ratio")  # keys of an earlier --json of this script
+FIGURES = ("threads", "reference", "ours", "wall_ratio")  # keys of an earlier --json of this script
+WHOLE_SPLIT_STRIDE = 16  # bench/val.py's default: windows every 16 tokens of the val split
 
 
 def main() -> None:
     parser = BenchArguments(__doc__)
-    parser.add_argument("--nanogpt", required=True, type=Path, metavar="DIR", help="a checkout of nanoGPT")
-    parser.add_argument("--config", required=True, help="our TOML config to run beside nanoGPT's recipe")
+    reference = parser.add_mutually_exclusive_group(required=True)
+    reference.add_argument("--nanogpt", type=Path, metavar="DIR", help="a checkout of nanoGPT: its CPU recipe")
+    reference.add_argument("--against", metavar="CONFIG", help="a TOML config of ours as the reference instead")
+    parser.add_argument("--config", required=True, help="our TOML config to run beside the reference")
     parser.add_count("--repeats", default=3, help="rounds, each program's whole run once per round (default: 3)")
     default_threads = torch.get_num_threads()
     parser.add_count("--threads", default=default_threads, help=f"torch threads of both (default: {default_threads})")
+    # a seed as train.seed takes it: a config integer (64 bits)
+    seeds = dict(minimum=-(2**63), maximum=2**63 - 1, nargs="+", metavar="SEED")
+    parser.add_count("--seeds", **seeds, help="train.seed of our runs, one per round in turn (default: the configs')")
     parser.add_json_output("--json", FIGURES, help="also write the figures to this JSON file")
     args, overrides = parser.parse_overrides(override_keys())
-    check_nanogpt(args.nanogpt)
-    cfg = load_config(args.config, overrides)  # a bad config ends the bench before anything runs
+    ours = {"ours": (args.config, overrides)}  # the runs of this trainer: name -> (config, overrides)
+    if args.nanogpt is not None:
+        check_nanogpt(args.nanogpt)
+    else:
+        ours["reference"] = (args.against, [])
+    # a bad config ends the bench before anything runs
+    own_seeds = {name: load_config(config, changes).train.seed for name, (config, changes) in ours.items()}
+    cfg = load_config(args.config, overrides)
     ensure_prepared(cfg.data.dataset, cfg.data.data_dir)
     env = os.environ | {"OMP_NUM_THREADS": str(args.threads)}
-    runs = {"nanogpt": [], "ours": []}
+    runs = {"reference": [], "ours": []}
     with tempfile.TemporaryDirectory() as scratch:
-        nanogpt = copy_nanogpt(args.nanogpt, Path(scratch) / "nanogpt", env)
+        if args.nanogpt is not None:
+            nanogpt = copy_nanogpt(args.nanogpt, Path(scratch) / "nanogpt", env)
         for round_ in range(args.repeats):
             order = list(runs) if round_ % 2 == 0 else list(reversed(runs))
             for name in order:
-                if name == "nanogpt":
+                if name not in ours:  # nanoGPT
                     wall, stdout = whole_process([sys.executable, *NANOGPT_RECIPE], nanogpt, env)
-                    val_loss = nanogpt_val_loss(stdout)
+                    row = dict(wall_s=wall, val_loss=nanogpt_val_loss(stdout))
                 else:
-                    run_dir = Path(scratch) / f"ours-{round_}"
-                    command = [sys.executable, str(ROOT / "train.py"), "--config", args.config, *overrides]
-                    command += [f"--train.out_dir={run_dir}", f"--train.threads={args.threads}"]
+                    config, changes = ours[name]
+                    seed = own_seeds[name] if args.seeds is None else args.seeds[round_ % len(args.seeds)]
+                    run_dir = Path(scratch) / f"{name}-{round_}"
+                    command = [sys.executable, str(ROOT / "train.py"), "--config", config, *changes]
+                    command += [f"--train.seed={seed}", f"--train.out_dir={run_dir}", f"--train.threads={args.threads}"]
                     wall, _ = whole_process(command, Path.cwd(), env)
-                    val_loss = final_val_loss(run_dir)
-                runs[name].append(dict(wall_s=wall, val_loss=val_loss))
-                print(f"round {round_ + 1}, {name}: {wall:.2f} s, val loss {val_loss:.4f}", file=sys.stderr)
-    figures = summary(runs, args.threads, args.config)
+                    val_loss = our_val_loss(run_dir, whole_split=args.against is not None)
+                    row = dict(wall_s=wall, val_loss=val_loss, seed=seed)
+                runs[name].append(row)
+                print(f"round {round_ + 1}, {name}: {wall:.2f} s, val loss {row['val_loss']:.4f}", file=sys.stderr)
+    label = "nanoGPT's CPU recipe" if args.nanogpt is not None else args.against
+    figures = summary(runs, args.threads, label, args.config, whole_split=args.against is not None)
     print_table(figures)
     if args.json:
         write_json(args.json, figures)
+
+
+def our_val_loss(run_dir: Path, whole_split: bool) -> float:
+    """A finished run's val loss: over the whole val split (bench/val.py), or the trainer's last estimate."""
+    if whole_split:
+        return score_run(run_dir, "val", WHOLE_SPLIT_STRIDE)["loss"]
+    return final_val_loss(run_dir)
 
 
 def check_nanogpt(folder: Path) -> None:
@@ -128,35 +163,42 @@ def nanogpt_val_loss(stdout: str) -> float:
     return float(evaluations[-1][2])
 
 
-def summary(runs: dict[str, list[dict]], threads: int, config: str) -> dict:
-    """Each program's runs and medians, and nanoGPT's median wall time over ours (each round's too)."""
-    figures = {"threads": threads, "config": config}
+def summary(runs: dict[str, list[dict]], threads: int, reference: str, config: str, whole_split: bool) -> dict:
+    """Each program's runs and medians, and the reference's median wall time over ours (each round's too)."""
+    val_loss = "whole val split (bench/val.py)" if whole_split else "each program's estimate at its last evaluation"
+    figures = {"threads": threads, "config": config, "val_loss": val_loss}
     for name, rows in runs.items():
         medians = {key: statistics.median(row[key] for row in rows) for key in ("wall_s", "val_loss")}
         figures[name] = dict(runs=rows, median_wall_s=medians["wall_s"], median_val_loss=medians["val_loss"])
-    pairs = zip(runs["nanogpt"], runs["ours"], strict=True)
+    figures["reference"]["program"] = reference
+    pairs = zip(runs["reference"], runs["ours"], strict=True)
     figures["round_ratios"] = [theirs["wall_s"] / ours["wall_s"] for theirs, ours in pairs]
-    figures["wall_ratio"] = figures["nanogpt"]["median_wall_s"] / figures["ours"]["median_wall_s"]
+    figures["wall_ratio"] = figures["reference"]["median_wall_s"] / figures["ours"]["median_wall_s"]
     return figures
 
 
 def print_table(figures: dict) -> None:
-    print("| program | whole process (median) | each round | final val loss (median) | each round |")
+    reference = figures["reference"]["program"]
+    loss = "val loss, whole split" if figures["val_loss"].startswith("whole") else "final val loss"
+    print(f"| program | whole process (median) | each round | {loss} (median) | each round |")
     print("| --- | --- | --- | --- | --- |")
-    for name, label in (("nanogpt", "nanoGPT's CPU recipe"), ("ours", figures["config"])):
+    for name, label in (("reference", reference), ("ours", figures["config"])):
         rows = figures[name]["runs"]
         walls = ", ".join(f"{row['wall_s']:.1f}" for row in rows)
-        losses = ", ".join(f"{row['val_loss']:.4f}" for row in rows)
+        losses = ", ".join(
+            f"{row['val_loss']:.4f}" + (f" (seed {row['seed']})" if "seed" in row else "") for row in rows
+        )
         print(
             f"| {label} | {figures[name]['median_wall_s']:.1f} s | {walls} | "
             f"{figures[name]['median_val_loss']:.4f} | {losses} |"
         )
     print()
     rounds = ", ".join(f"{ratio:.2f}" for ratio in figures["round_ratios"])
-    reached = figures["ours"]["median_val_loss"] <= figures["nanogpt"]["median_val_loss"]
+    reached = figures["ours"]["median_val_loss"] <= figures["reference"]["median_val_loss"]
+    name = "nanoGPT" if reference == "nanoGPT's CPU recipe" else reference
     print(
-        f"nanoGPT / ours, whole process: {figures['wall_ratio']:.2f}x (each round: {rounds}); "
-        f"{figures['threads']} torch thread(s) each; ours reaches nanoGPT's val loss: {'yes' if reached else 'no'}"
+        f"{name} / ours, whole process: {figures['wall_ratio']:.2f}x (each round: {rounds}); "
+        f"{figures['threads']} torch thread(s) each; ours reaches {name}'s val loss: {'yes' if reached else 'no'}"
     )
 
 

@@ -80,6 +80,28 @@ def split_loss(
     return total / counted, len(starts)
 
 
+def score_run(run: Path, split: str, stride: int) -> dict:
+    """A finished run's whole-split loss (split_loss) with its step, the trainer's last loss on the split
+    (None if it logged none), the loss in bits per byte and the number of windows."""
+    path = run / CHECKPOINT_NAME
+    checkpoint = load_checkpoint(path)
+    model, _ = model_from_checkpoint(checkpoint, path)
+    cfg = config_from_dict(checkpoint["config"], source=str(path))
+    dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
+    objective = Objective(cfg.model, OBJECTIVE_SEED)
+    loss, windows = split_loss(model, objective, dataset, split, cfg.model.block_size, stride)
+    metrics = run / METRICS_NAME
+    records = read_metrics(metrics) if metrics.is_file() else []
+    evaluated = [r[f"{split}_loss"] for r in records if f"{split}_loss" in r]
+    return dict(
+        step=checkpoint["step"],
+        trainer_loss=evaluated[-1] if evaluated else None,
+        loss=loss,
+        bits_per_byte=loss / math.log(2) / dataset.bytes_per_token(split),
+        windows=windows,
+    )
+
+
 def main() -> None:
     args = parse_args()
     print(
@@ -87,20 +109,12 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- |")
     for run in args.runs:
-        path = Path(run) / CHECKPOINT_NAME
-        checkpoint = load_checkpoint(path)
-        model, _ = model_from_checkpoint(checkpoint, path)
-        cfg = config_from_dict(checkpoint["config"], source=str(path))
-        dataset = TokenDataset(Path(cfg.data.data_dir) / cfg.data.dataset)
-        objective = Objective(cfg.model, OBJECTIVE_SEED)
-        loss, windows = split_loss(model, objective, dataset, args.split, cfg.model.block_size, args.stride)
-        metrics = Path(run) / METRICS_NAME
-        records = read_metrics(metrics) if metrics.is_file() else []
-        evaluated = [r[f"{args.split}_loss"] for r in records if f"{args.split}_loss" in r]
-        last = f"{evaluated[-1]:.4f}" if evaluated else "-"
-        bits_per_byte = loss / math.log(2) / dataset.bytes_per_token(args.split)
+        score = score_run(Path(run), args.split, args.stride)
+        last = "-" if score["trainer_loss"] is None else f"{score['trainer_loss']:.4f}"
         print(
-            f"| {run} | {checkpoint['step']:,} | {last} | {loss:.4f} | {bits_per_byte:.4f} | {windows:,} |", flush=True
+            f"| {run} | {score['step']:,} | {last} | {score['loss']:.4f} | {score['bits_per_byte']:.4f} "
+            f"| {score['windows']:,} |",
+            flush=True,
         )
 
 

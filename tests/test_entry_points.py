@@ -346,11 +346,38 @@ def test_speedrun_bench_times_both_whole_processes_beside_a_nanogpt_left_untouch
     assert result.returncode == 0, result.stderr
     assert sorted(p.relative_to(fake) for p in fake.rglob("*")) == before
     figures = json.loads((tmp_path / "s.json").read_text())
-    assert figures["nanogpt"]["median_val_loss"] == 1.8857
+    assert figures["reference"]["median_val_loss"] == 1.8857
     assert figures["ours"]["median_val_loss"] > 3  # two steps of a tiny model: near ln(65)
-    assert figures["wall_ratio"] == figures["nanogpt"]["median_wall_s"] / figures["ours"]["median_wall_s"]
+    assert figures["wall_ratio"] == figures["reference"]["median_wall_s"] / figures["ours"]["median_wall_s"]
     assert "| nanoGPT's CPU recipe |" in result.stdout and "nanoGPT / ours, whole process: " in result.stdout
     assert "ours reaches nanoGPT's val loss: no" in result.stdout
+
+
+def test_speedrun_bench_against_a_config_scores_both_on_the_whole_val_split_seed_by_seed(tmp_path, data_dir):
+    """--against: a config of ours as the reference, run in turns with ours, each round at the next of
+    --seeds; both runs scored on the whole val split, as bench/val.py scores the same run."""
+    from bench.val import score_run
+
+    (tmp_path / "tiny.toml").write_text(tiny_toml(tmp_path / "unused", data_dir))  # 20 steps
+    args = ["--against", "tiny.toml", "--config", "tiny.toml", "--repeats", "3", "--seeds", "1", "2"]
+    result = run_script(
+        "bench/speedrun.py", *args, "--threads", "1", "--json", "s.json", "--train.max_iters=2", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    figures = json.loads((tmp_path / "s.json").read_text())
+    assert figures["reference"]["program"] == "tiny.toml" and figures["val_loss"] == "whole val split (bench/val.py)"
+    for name in ("reference", "ours"):
+        assert [run["seed"] for run in figures[name]["runs"]] == [1, 2, 1]
+    assert figures["ours"]["runs"][0]["val_loss"] == figures["ours"]["runs"][2]["val_loss"]  # seed 1 twice
+    assert figures["ours"]["runs"][0]["val_loss"] != figures["ours"]["runs"][1]["val_loss"]
+    train = ["--config", "tiny.toml", "--train.max_iters=2", "--train.seed=1", "--train.out_dir=seed1"]
+    assert run_script("train.py", *train, cwd=tmp_path).returncode == 0
+    assert figures["ours"]["runs"][0]["val_loss"] == score_run(tmp_path / "seed1", "val", 16)["loss"]
+    assert figures["reference"]["median_val_loss"] < figures["ours"]["median_val_loss"]  # 20 steps against 2
+    assert (
+        "tiny.toml / ours, whole process: " in result.stdout
+        and "ours reaches tiny.toml's val loss: no" in result.stdout
+    )
 
 
 # a stand-in for nanoGPT's model.py: its GPTConfig, GPT(config)(idx, targets) -> (logits, loss) and
