@@ -47,6 +47,16 @@ def sample_next_token(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
+    probs = truncated_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def truncated_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """The (B, V) float32 logits of the distribution sample_next_token draws from at a temperature
+    above 0: their softmax is that distribution, their log_softmax its log-probabilities (-inf for
+    the tokens top_k and top_p leave out)."""
     # Shifted so the largest logit is 0, the scaled logits never overflow to +inf (whose softmax is
     # NaN); a temperature below float32's smallest normal number (1e-45 rounds to 0) divides as that
     # number does: every token but the most likely ones gets probability 0.
@@ -61,8 +71,7 @@ def sample_next_token(
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
         sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_ids, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return logits
 
 
 def slide_context(start: int, length: int, block_size: int) -> int:
@@ -97,6 +106,7 @@ def generate(
     use_cache: bool = True,
     pad: list[int] | None = None,
     compile: bool = False,
+    log_probs: list[torch.Tensor] | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield (B,) new token ids, on the CPU, one step at a time, for a (B, T) prompt.
 
@@ -114,6 +124,10 @@ def generate(
     host. Sampling still makes small per-step tensors (per row when each row has its own generator).
     A compiled step is specialised to the batch size (its cache always holds block_size positions):
     a call with another batch size compiles again.
+
+    log_probs: a list to which each step appends, before it yields its tokens, their (B,)
+    log-probabilities under the distribution they were drawn from (truncated_logits; on the model's
+    device): what a policy-gradient loss needs of the sampler. Not for a block-causal model.
     """
     block_size = model.config.block_size
     B, width = prompt.shape
@@ -126,6 +140,8 @@ def generate(
     if generators is not None and len(generators) != B:
         raise ValueError(f"{len(generators)} generators for {B} prompt rows: pass one per row")
     if model.config.attn_block:
+        if log_probs is not None:
+            raise ValueError("log_probs: a block-causal model's samples record none")
         sampling = (temperature, top_k, top_p, vocab_size, generators)
         yield from _generate_by_blocks(model, prompt, starts, max_new_tokens, sampling, stop_token, use_cache)
         return
@@ -146,6 +162,9 @@ def generate(
     logits, window_pad = _encode(model, tokens, starts, length, cache, prefix)
     for i in range(max_new_tokens):
         next_token = _sample_rows(logits[:, -1, :vocab_size], temperature, top_k, top_p, generators)  # (B,)
+        if log_probs is not None:
+            sampled = truncated_logits(logits[:, -1, :vocab_size], temperature, top_k, top_p).log_softmax(dim=-1)
+            log_probs.append(sampled.gather(-1, next_token[:, None]).squeeze(-1))  # (B,)
         if stop_token is not None:
             next_token = next_token.masked_fill(finished, stop_token)
             finished |= next_token == stop_token
