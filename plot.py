@@ -62,6 +62,8 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "time": "wall time since the run's first record (s)",
 }
 CENTRED_MEAN = "eval/centred_mean"
+RL_REWARD, RL_PASS = "rl/reward", "rl/pass@"  # an [rl] run's figures (docs/rl.md)
+Y_LABELS = {CENTRED_MEAN: "centred mean (0 = chance)", RL_REWARD: "mean reward"}
 PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
 LINE_STYLES = ["-", "--", ":", "-."]
 PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
@@ -309,7 +311,7 @@ def loss_figure(runs: list[Run], x: str, ylim: tuple[float, float] | None = None
         for ax, key in zip(eval_axes, figures, strict=True):
             ax.plot(*run.curve(key, x), marker="o", markersize=3, label=run.name, **style)
     titles = ["train loss (each logged step)", "val loss (each evaluation)"]
-    titles += [f"[eval] {key.removeprefix('eval/')}" for key in figures]
+    titles += [figure_title(key) for key in figures]
     for ax, title in zip(drawn, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(X_AXES[x])
@@ -320,7 +322,7 @@ def loss_figure(runs: list[Run], x: str, ylim: tuple[float, float] | None = None
     if heading:
         fig.suptitle(heading, fontsize=9)
     for ax, key in zip(eval_axes, figures, strict=True):
-        ax.set_ylabel("centred mean (0 = chance)" if key == CENTRED_MEAN else "accuracy")
+        ax.set_ylabel(Y_LABELS.get(key, "share of questions" if key.startswith(RL_PASS) else "accuracy"))
     handles = train_ax.get_lines()  # one per run, in the runs' order
     fig.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8)
     return fig
@@ -333,9 +335,25 @@ def legend_entry_width(names: list[str]) -> float:
 
 
 def downstream_keys(runs: list[Run]) -> list[str]:
-    """The [eval] figures the runs logged that are drawn: each task's acc, then the centred mean."""
-    keys = {key for run in runs for record in run.records for key in record if key.startswith("eval/")}
-    return sorted(key for key in keys if key.endswith("/acc")) + sorted(keys & {CENTRED_MEAN})
+    """The figures beside the losses that the runs logged and that are drawn: each [eval] task's acc,
+    then the centred mean; an [rl] run's mean reward, then its held-out pass@k by k."""
+    keys = {key for run in runs for record in run.records for key in record if key.startswith(("eval/", "rl/"))}
+    passes = sorted((key for key in keys if key.startswith(RL_PASS)), key=lambda key: int(key.removeprefix(RL_PASS)))
+    return (
+        sorted(key for key in keys if key.endswith("/acc"))
+        + sorted(keys & {CENTRED_MEAN})
+        + sorted(keys & {RL_REWARD})
+        + passes
+    )
+
+
+def figure_title(key: str) -> str:
+    """A panel's title for a figure of downstream_keys."""
+    if key == RL_REWARD:
+        return "[rl] mean reward (each logged step)"
+    if key.startswith(RL_PASS):
+        return f"[rl] held-out {key.removeprefix('rl/')}"
+    return f"[eval] {key.removeprefix('eval/')}"
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

@@ -336,6 +336,15 @@ def chat_dataset_without_trained_val_tokens(workspace: Path) -> None:
     mask.write_bytes(bytes(flags & ~TRAINED for flags in mask.read_bytes()))
 
 
+RL = ["--data.dataset=chat", "--train.init_from=out/tiny", "--rl.task=q.jsonl", "--rl.max_new_tokens=8"]
+RL_QUESTION = '{"messages": [{"role": "user", "content": "hi"}], "answer": "h o"}\n'  # a good generation item
+
+
+def chat_questions(text: str) -> Callable[[Path], None]:
+    """data/chat (out/tiny's characters with the chat template) and q.jsonl holding text."""
+    return lambda workspace: (chat_dataset_of_the_run(workspace), write("q.jsonl", text)(workspace))
+
+
 def lora_run(workspace: Path) -> None:
     """out/lora: LoRA adapters of rank 2 trained on out/tiny."""
     Trainer(tiny_config(workspace / "out" / "lora", workspace / "data", train__init_from="out/tiny", train__max_iters=2,
@@ -461,6 +470,16 @@ CATALOGUE = [
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
     Case("lora-alpha-beyond-its-range", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.alpha=1e30"], "lora.alpha=1e+30 is outside the accepted range (0, 2000] for lora.rank=2 and optim.learning_rate=0.001"),
     Case("resume-lora-with-another-alpha", "train.py", ["--config", "out/lora/config.toml", "--train.init_from=resume", "--lora.alpha=32"], "lora.alpha=32.0 but the run in out/lora was trained with 16.0, which a resumed run cannot change", lora_run),
+    # RL on checked answers (rl.* keys)
+    Case("rl-from-scratch", "train.py", [*TRAIN, "--rl.task=q.jsonl"], "rl.task='q.jsonl' rewards a trained model's answers, but train.init_from='scratch' gives none", write("q.jsonl", RL_QUESTION)),
+    Case("rl-one-answer-a-question", "train.py", [*TRAIN, *RL, "--rl.samples=1"], "rl.samples=1 gives each question one answer, whose reward is its group's mean: every advantage would be 0 (sample 2 or more, e.g. 8)", chat_questions(RL_QUESTION)),
+    Case("rl-temperature-zero", "train.py", [*TRAIN, *RL, "--rl.temperature=0"], "rl.temperature=0.0 is outside (0, 100] (a policy gradient needs sampled answers: 0 would be greedy", chat_questions(RL_QUESTION)),
+    Case("rl-reward-not-built-in", "train.py", [*TRAIN, *RL, "--rl.reward=mychecker.score"], "rl.reward='mychecker.score' is not one of task, exact, gsm8k_strict, gsm8k_flexible, numeric", chat_questions(RL_QUESTION)),
+    Case("rl-clip-beyond-range", "train.py", [*TRAIN, *RL, "--rl.updates=2", "--rl.clip=1"], "rl.clip=1.0 must be in (0, 1): the ratio is kept within 1 +- clip", chat_questions(RL_QUESTION)),
+    Case("rl-model-without-chat-template", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--rl.task=q.jsonl"], "rl.task='q.jsonl': the model has no chat template, and answers are sampled through it", write("q.jsonl", RL_QUESTION)),
+    Case("rl-task-multiple-choice", "train.py", [*TRAIN, *RL], "rl.task='q.jsonl' is a multiple-choice task; RL rewards sampled answers, so it needs a generation task", chat_questions(ITEM)),
+    Case("rl-numeric-reward-of-a-word", "train.py", [*TRAIN, *RL, "--rl.reward=numeric"], "q.jsonl item 1: field 'answer'='h o' is no number, and rl.reward='numeric' compares numbers", chat_questions(RL_QUESTION)),
+    Case("rl-answer-beyond-the-block", "train.py", [*TRAIN, *RL, "--rl.max_new_tokens=30"], "with rl.max_new_tokens=30 of answer it would not fit the model's block_size=32", chat_questions(RL_QUESTION)),
     # GGUF files for llama.cpp (sample.py --export-gguf)
     Case("schedule-not-stages", "train.py", [*TRAIN, "--train.block_size_schedule=16:0.3,32"], "train.block_size_schedule='16:0.3,32' is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of train.max_iters it lasts until, rising inside (0, 1); after the last, model.block_size)"),
     Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),

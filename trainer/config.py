@@ -294,6 +294,63 @@ class LoraConfig:
         return [name.strip() for name in self.targets.split(",") if name.strip()]
 
 
+# the built-in checkers an [rl] run may reward answers with (rl/rewards.py says what each compares)
+RL_REWARDS = ("task", "exact", "gsm8k_strict", "gsm8k_flexible", "numeric")
+MAX_RL_SAMPLES = 4096  # answers per question: far beyond the 4 .. 64 in use
+MAX_RL_TOKENS = 10**6  # tokens of one answer: the model's block_size bounds it too
+
+
+@dataclass
+class RLConfig:
+    task: str = ""  # RL: a generation task (an eval.py --tasks entry) whose sampled answers are rewarded; "" = off
+    heldout: str = ""  # a generation task scored at each [eval] scoring: pass@1 and pass@k of eval_samples answers
+    reward: str = "task"  # task (the task's own exact match), exact, gsm8k_strict, gsm8k_flexible or numeric
+    tolerance: float = 0.0  # numeric: the largest distance between answer and reference still rewarded
+    questions: int = 16  # questions per step, over all processes (each process answers an equal share)
+    samples: int = 8  # answers sampled per question (the group whose mean reward is the baseline)
+    temperature: float = 1.0  # sampling temperature, above 0 (the loss uses the distribution sampled)
+    top_k: int = 0  # sample among the top_k most likely tokens (the loss renormalises over them); 0 = all
+    max_new_tokens: int = 64  # an answer is cut after this many tokens (a prompt and answer fit in block_size)
+    sample_batch_size: int = 64  # answers sampled together, left padded into one KV cache
+    std_advantage: bool = False  # divide each advantage by its group's reward standard deviation (+ 1e-4)
+    kl: float = 0.0  # weight of a KL penalty towards the starting model (kept frozen beside it); 0 = none
+    updates: int = 1  # optimizer steps on each batch of answers (train.max_iters counts them); > 1: clipped ratio
+    clip: float = 0.2  # updates > 1: the probability ratio to the sampling policy is clipped to 1 +- clip
+    eval_samples: int = 8  # k: answers sampled per held-out question at each scoring (pass@1 and pass@k)
+    eval_items: int = 200  # held-out questions scored each time; 0 = all
+
+    def __post_init__(self):
+        _check_choice(self, "reward", RL_REWARDS)
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance={self.tolerance} must be 0 (equal numbers only) or more")
+        for name in ("questions", "sample_batch_size", "updates"):
+            _check_positive(self, name)
+        _check_range(self, "questions", 1, MAX_BATCHES, "questions per step")
+        _check_range(self, "sample_batch_size", 1, MAX_BATCHES, "answers sampled together")
+        _check_range(self, "updates", 1, MAX_BATCHES, "optimizer steps on one batch of answers")
+        for name in ("samples", "eval_samples"):
+            _check_range(self, name, 1, MAX_RL_SAMPLES, "answers per question")
+        if self.samples < 2:
+            raise ValueError(
+                f"samples={self.samples} gives each question one answer, whose reward is its group's mean: every "
+                f"advantage would be 0 (sample 2 or more, e.g. 8)"
+            )
+        if not 0 < self.temperature <= 100:
+            raise ValueError(
+                f"temperature={self.temperature} is outside (0, 100] (a policy gradient needs sampled answers: "
+                f"0 would be greedy; 1 samples the model's own distribution)"
+            )
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be 0 (every token) or positive")
+        _check_range(self, "max_new_tokens", 1, MAX_RL_TOKENS, "tokens of one answer")
+        if self.kl < 0:
+            raise ValueError(f"kl={self.kl} must be 0 (no reference model) or positive")
+        if not 0 < self.clip < 1:
+            raise ValueError(f"clip={self.clip} must be in (0, 1): the ratio is kept within 1 +- clip")
+        if self.eval_items < 0:
+            raise ValueError(f"eval_items={self.eval_items} must be 0 (all) or positive")
+
+
 @dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
@@ -303,8 +360,11 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self):
+        if self.rl.task:
+            self._check_rl()
         if self.lora.rank and self.train.init_from == "scratch":
             raise ValueError(
                 f"lora.rank={self.lora.rank} adapts a trained model, but train.init_from='scratch' gives none "
@@ -330,6 +390,20 @@ class Config:
         # the one place where a key follows another section's: resolved as the tree is built, so the
         # run, its config.toml and its checkpoints all hold the number it used
         self.optim = self.optim.decaying_until(self.train.max_iters)
+
+    def _check_rl(self) -> None:
+        """An [rl] run improves a trained chat model's answers, sampled as sample.py samples them."""
+        if self.train.init_from == "scratch":
+            raise ValueError(
+                f"rl.task={self.rl.task!r} rewards a trained model's answers, but train.init_from='scratch' gives "
+                f"none (set train.init_from to a chat run directory, a ckpt.pt or a Hugging Face folder)"
+            )
+        for key in ("attn_prefix_lm", "attn_block"):
+            if getattr(self.model, key):
+                raise ValueError(
+                    f"rl.task is set, but model.{key}={_toml_value(getattr(self.model, key))}: RL samples and "
+                    f"scores answers token by token under causal attention (set model.{key} off)"
+                )
 
     def _check_adapter_scale(self) -> None:
         """lora.alpha / lora.rank multiplies everything the adapters add, so their steps move the model
@@ -398,6 +472,17 @@ ACTS_ONLY_WITH = {
     **{
         f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")
         for name in ("project", "run_name", "mode")
+    },
+    **{
+        f"rl.{f.name}": (lambda cfg: bool(cfg.rl.task), "rl.task")
+        for f in dataclasses.fields(RLConfig)
+        if f.name not in ("task", "tolerance", "clip", "eval_samples", "eval_items")
+    },
+    "rl.tolerance": (lambda cfg: bool(cfg.rl.task) and cfg.rl.reward == "numeric", "rl.task and rl.reward='numeric'"),
+    "rl.clip": (lambda cfg: bool(cfg.rl.task) and cfg.rl.updates > 1, "rl.task and rl.updates above 1"),
+    **{
+        f"rl.{name}": (lambda cfg: bool(cfg.rl.task and cfg.rl.heldout), "rl.task and rl.heldout")
+        for name in ("eval_samples", "eval_items")
     },
 }
 
