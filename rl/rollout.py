@@ -101,7 +101,7 @@ def load_questions(
             f"without it never learns where its answer ends): fine-tune on conversations first (docs/chat.md), "
             f"or start from a folder whose tokenizer has one"
         )
-    task = load_task(spec)
+    task = load_task(spec, key=key)
     if task.kind != "generation":
         raise UserError(
             f"{key}={spec!r} is a {TASK_KINDS.get(task.kind, task.kind)} task; RL rewards sampled answers, so it needs "

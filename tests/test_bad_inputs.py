@@ -477,6 +477,7 @@ CATALOGUE = [
     Case("rl-reward-not-built-in", "train.py", [*TRAIN, *RL, "--rl.reward=mychecker.score"], "rl.reward='mychecker.score' is not one of task, exact, gsm8k_strict, gsm8k_flexible, numeric", chat_questions(RL_QUESTION)),
     Case("rl-clip-beyond-range", "train.py", [*TRAIN, *RL, "--rl.updates=2", "--rl.clip=1"], "rl.clip=1.0 must be in (0, 1): the ratio is kept within 1 +- clip", chat_questions(RL_QUESTION)),
     Case("rl-model-without-chat-template", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--rl.task=q.jsonl"], "rl.task='q.jsonl': the model has no chat template, and answers are sampled through it", write("q.jsonl", RL_QUESTION)),
+    Case("rl-task-file-missing", "train.py", [*TRAIN, *RL, "--rl.task=questions.jsonl"], "rl.task 'questions.jsonl' is neither a built-in task (hellaswag, arc_easy, arc_challenge, piqa, lambada, gsm8k) nor a file", chat_questions(RL_QUESTION)),
     Case("rl-task-multiple-choice", "train.py", [*TRAIN, *RL], "rl.task='q.jsonl' is a multiple-choice task; RL rewards sampled answers, so it needs a generation task", chat_questions(ITEM)),
     Case("rl-numeric-reward-of-a-word", "train.py", [*TRAIN, *RL, "--rl.reward=numeric"], "q.jsonl item 1: field 'answer'='h o' is no number, and rl.reward='numeric' compares numbers", chat_questions(RL_QUESTION)),
     Case("rl-answer-beyond-the-block", "train.py", [*TRAIN, *RL, "--rl.max_new_tokens=30"], "with rl.max_new_tokens=30 of answer it would not fit the model's block_size=32", chat_questions(RL_QUESTION)),
