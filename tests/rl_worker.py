@@ -1,4 +1,4 @@
-"""Run by tests/test_rl.py under torchrun: one [rl] step of the tiny chat model under DDP on the fixed
+"""Run by tests/test_rl.py under torchrun: one [rl] step of the tiny chat model under DDP or FSDP2 on the fixed
 answers of test_rl.fixed_sampled, each process training its own share of the questions (rank 0 the
 first, rank 1 the other two), one micro-batch each. Rank 0 saves the step's loss, its number of answer
 tokens over both processes, and the gradients the optimizer was handed."""
@@ -14,9 +14,9 @@ from tests.test_rl import fixed_sampled, rl_config
 from trainer.loop import Trainer
 
 
-def main(root: str, out_path: str) -> None:
+def main(root: str, out_path: str, parallelism: str) -> None:
     cfg = rl_config(Path(out_path).parent / "run-ddp", Path(root), rl__questions=2,
-                    train__gradient_accumulation_steps=2, train__parallelism="ddp")  # fmt: skip
+                    train__gradient_accumulation_steps=2, train__parallelism=parallelism)  # fmt: skip
     trainer = Trainer(cfg)
     world = trainer.world
     rows = slice(0, 1) if world.rank == 0 else slice(1, 3)

@@ -248,8 +248,9 @@ def test_pass_at_k_is_the_unbiased_estimate_a_brute_force_count_gives(n):
 
 
 @pytest.mark.slow
-def test_the_loss_over_two_processes_is_the_hand_computation_over_both(tmp_path, chat_root):
-    """Under torchrun with DDP, each process trains its own share of the answers (the first group, the
+@pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
+def test_the_loss_over_two_processes_is_the_hand_computation_over_both(tmp_path, chat_root, parallelism):
+    """Under torchrun with DDP or FSDP2 (gloo), each process trains its own share of the answers (the first group, the
     other two), one micro-batch each: the averaged gradients are the hand computation's over all the
     step's answer tokens."""
     import os
@@ -257,7 +258,7 @@ def test_the_loss_over_two_processes_is_the_hand_computation_over_both(tmp_path,
     out = tmp_path / "after_step.pt"
     env = os.environ | {"PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(PROJECT_ROOT / "tests" / "rl_worker.py"), str(chat_root), str(out)]  # fmt: skip
+               str(PROJECT_ROOT / "tests" / "rl_worker.py"), str(chat_root), str(out), parallelism]  # fmt: skip
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     distributed = torch.load(out, weights_only=True)
