@@ -388,6 +388,22 @@ def test_a_gsm8k_file_is_asked_and_rewarded_as_gsm8k(tmp_path, chat_root, capsys
     assert [r["rl/pass@2"] for r in records if "rl/pass@2" in r] == [0.0, 0.0]
 
 
+def test_an_rl_run_with_lora_trains_only_its_adapters_and_keeps_the_starting_model_as_reference(tmp_path, chat_root):
+    """lora.rank with rl.kl: the checkpoint holds adapters only, moved by the policy gradient, and the KL
+    term's reference is the base the adapters sit on (their start, where the KL is 0)."""
+    run = tmp_path / "lora"
+    trainer = Trainer(rl_config(run, chat_root, lora__rank=2, rl__kl=0.1, train__max_iters=2, rl__temperature=1.0))
+    reference = trainer.objective.reference
+    assert all(".lora_" not in name for name, _ in reference.named_parameters())
+    with torch.no_grad():
+        prompt = torch.tensor([[5, 6, 7, 8]])
+        torch.testing.assert_close(reference(prompt)[0], trainer.model(prompt)[0])  # the KL starts at 0
+    trainer.fit()
+    checkpoint = load_checkpoint(run / "ckpt.pt")
+    assert checkpoint["model"] and all(".lora_" in name for name in checkpoint["model"])
+    assert any(t.abs().sum() > 0 for name, t in checkpoint["model"].items() if "lora_B" in name)
+
+
 # --- the checkers, against lm-evaluation-harness's own ---
 
 TRICKY = [
