@@ -530,7 +530,8 @@ class Trainer:
             )
         else:
             self._print(
-                f"{self.objective.describe()}; {accumulation} micro-batches{parallel if world.launched else ''}"
+                f"{self.objective.describe()}; {accumulation} micro-batch{'es' if accumulation > 1 else ''}"
+                f"{parallel if world.launched else ''}"
             )
         if self.threads_chosen is not None:
             self._print(self.threads_chosen)
