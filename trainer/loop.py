@@ -258,8 +258,8 @@ class Trainer:
         self.optimizer.set_lr(lr)
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
         # where the step starts, to drop it whole if a stop comes while its answers are sampled or between its
-        # micro-batches (in fit)
-        stop = self.stop
+        # micro-batches (in fit); a step of one micro-batch of windows has no such moment
+        stop = self.stop if micro_batches > 1 or not self.objective.windows else None
         start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
         # the step's batches are drawn first: the loss is the mean over every trained target of the step, in
         # every micro-batch and process, so each micro-batch's mean is weighted by its share of their number
