@@ -55,8 +55,9 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
+from inference.batching import check_prompt
 from inference.load import RUNS_ROOT, latest_run, load_model
-from inference.packed_linear import pack_linears, packing_unavailable
+from inference.packed_linear import prepare_products
 from model import GPT, generate, left_pad
 from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
@@ -224,19 +225,6 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     return prompts
 
 
-def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
-    """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
-    in float32 (see inference/packed_linear.py). Returns how the matrix products run, for the start-up
-    line."""
-    if compile:
-        return "nn.Linear products (torch.compile cannot trace packed layers)"
-    reason = packing_unavailable(device, dtype)
-    if reason is not None:
-        return f"nn.Linear products ({reason})"
-    pack_linears(model)
-    return "linear layers packed for oneDNN"
-
-
 def check_sample_counts(args: argparse.Namespace, samples: int, block_size: int, device: torch.device) -> None:
     """Refuse counts this run cannot honour before generating anything: more samples than one run
     draws, seeds past a generator's range (sample i is drawn with --seed + i), token ids that do
@@ -297,19 +285,7 @@ def main() -> None:
     rows = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)
-        if not prompt_ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
-            raise UserError(f"the prompt {prompt!r} encodes to no tokens: give a prompt with text the tokenizer keeps")
-        if len(prompt_ids) > block_size:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
-                f"tokens (shorten the prompt)"
-            )
-        if len(prompt_ids) < model.config.attn_block:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but a block-causal model (model.attn_block="
-                f"{model.config.attn_block}) predicts each block from the complete block before it (give a prompt of "
-                f"at least {model.config.attn_block} tokens)"
-            )
+        check_prompt(prompt, prompt_ids, model.config)
         rows += [(prompt, prompt_ids)] * args.num_samples
     print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):

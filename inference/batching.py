@@ -30,8 +30,32 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model import GPT, KVCache, generate, sample_next_token
+from errors import UserError
+from model import GPT, GPTConfig, KVCache, generate, sample_next_token
 from model.generate import slide_context
+from model.kv_cache import RollingKVCache
+
+
+class PromptTooLong(UserError):
+    """A prompt of more tokens than the model's context."""
+
+
+def check_prompt(prompt: str, ids: list[int], config: GPTConfig) -> None:
+    """A prompt's ids are what `generate` takes: 1 to block_size of them, and a whole block for a
+    block-causal model; else a UserError naming the prompt (PromptTooLong past the context)."""
+    if not ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
+        raise UserError(f"the prompt {prompt!r:.60} encodes to no tokens: give a prompt with text the tokenizer keeps")
+    if len(ids) > config.block_size:
+        raise PromptTooLong(
+            f"the prompt is {len(ids)} tokens but the model's context is block_size={config.block_size} "
+            f"tokens (shorten the prompt)"
+        )
+    if len(ids) < config.attn_block:
+        raise UserError(
+            f"the prompt is {len(ids)} tokens but a block-causal model (model.attn_block={config.attn_block}) "
+            f"predicts each block from the complete block before it (give a prompt of at least {config.attn_block} "
+            f"tokens)"
+        )
 
 
 @dataclass
@@ -101,8 +125,9 @@ class BatchDecoder:
             context = sequence.tokens[sequence.start :]
             sequence.prefix = len(context)
             self.prefill_cache.reset()
-            logits, _ = self.model(self._ids([context]), cache=self.prefill_cache, prefix=self._prefix([sequence]))
-            if self._draw(sequence, logits[:, -1]):
+            ids, prefix = self._ids([context]), self._prefix([sequence])
+            logits, _ = self.model(ids, cache=self.prefill_cache, prefix=prefix, logits_to_keep=1)  # as generate
+            if self._accept(sequence, self._sample(sequence, logits[:, -1])):
                 return
             start = slide_context(sequence.start, len(sequence.tokens), self.block_size)
             if start == sequence.start:
@@ -113,8 +138,7 @@ class BatchDecoder:
     def _join(self, sequence: Sequence) -> None:
         """Make the prefill cache's row the batch's last, ending at the batch's slot."""
         length = self.prefill_cache.pos
-        if self.cache is None or len(self.rows) == self.cache.k[0].size(0):
-            self._grow()
+        self._fit(len(self.rows) + 1, max(length, self.cache.pos if self.cache is not None else 0))
         if self.cache.pos < length:  # every row moves later, to make room for this one's keys
             self.pads = [pad + length - self.cache.pos for pad in self.pads]
             self.cache.shift(length - self.cache.pos)
@@ -122,19 +146,32 @@ class BatchDecoder:
         self.rows.append(sequence)
         self.pads.append(self.cache.pos - length)
 
-    def _grow(self) -> None:
-        """A cache with room for twice as many rows (at most max_rows), holding the rows there are."""
-        rows = min(self.max_rows, max(1, 2 * len(self.rows)))
-        bigger = self.model.new_cache(rows)
-        if self.cache is not None:
+    def _fit(self, rows: int, slots: int) -> None:
+        """A cache with room for `rows` rows of `slots` slots: the one there is, or a larger one (twice the
+        rows, at most max_rows; twice the slots, at most block_size) holding the rows there are. So the
+        memory follows the rows and contexts in use, and a long run of steps copies the cache a few times.
+        A rolling cache (a sliding window) always has block_size slots: its memory is the window's."""
+        cache = self.cache
+        have_rows, have_slots = (0, 0) if cache is None else (cache.k[0].size(0), cache.max_len)
+        if rows <= have_rows and slots <= have_slots:
+            return
+        if rows > have_rows:
+            have_rows = min(self.max_rows, max(rows, 2 * have_rows))
+        if slots > have_slots:
+            have_slots = min(self.block_size, max(slots, 2 * have_slots))
+        if isinstance(self.prefill_cache, RollingKVCache):
+            have_slots = self.block_size
+        self.cache = self.model.new_cache(have_rows, have_slots)
+        if cache is not None:
             for row in range(len(self.rows)):
-                bigger.place(row, self.cache.rows(row, row + 1), offset=0)
-            bigger.pos = self.cache.pos
-        self.cache = bigger
+                self.cache.place(row, cache.rows(row, row + 1), offset=0)
+            self.cache.pos = cache.pos
 
     def _step_together(self) -> None:
         """One forward pass over the newest token of every row, and each row's next token."""
-        if self.cache.pos == self.cache.max_len:  # the slots ran out: every row moves earlier
+        if self.cache.pos == self.cache.max_len < self.block_size:
+            self._fit(len(self.rows), self.cache.pos + 1)
+        elif self.cache.pos == self.cache.max_len:  # the slots ran out: every row moves earlier
             least = min(self.pads)
             self.pads = [pad - least for pad in self.pads]
             self.cache.shift(-least)
@@ -143,9 +180,12 @@ class BatchDecoder:
         ids = self._ids([[row.tokens[-1]] for row in self.rows])
         logits, _ = self.model(ids, cache=batch, pad=pad, prefix=self._prefix(self.rows))
         self.cache.pos = batch.pos
+        logits = logits[:, -1, : self.vocab_size]  # (B, V)
+        greedy = logits.argmax(dim=-1).tolist()  # the greedy rows' tokens, in one pass for all
         ended, sliding = [], []
         for i, row in enumerate(self.rows):
-            if self._draw(row, logits[i : i + 1, -1]):
+            token = greedy[i] if row.temperature == 0 else self._sample(row, logits[i : i + 1])
+            if self._accept(row, token):
                 ended.append(i)
                 continue
             start = slide_context(row.start, len(row.tokens), self.block_size)
@@ -157,16 +197,13 @@ class BatchDecoder:
         for row in sliding:
             self._encode(row)
 
-    def _draw(self, sequence: Sequence, logits: torch.Tensor) -> bool:
-        """Draw the sequence's next token from its (1, V) logits; True when the sequence ends there."""
-        token = sample_next_token(
-            logits[:, : self.vocab_size],
-            sequence.temperature,
-            sequence.top_k,
-            sequence.top_p,
-            sequence.generator if sequence.temperature > 0 else None,
-        )
-        token = int(token)
+    def _sample(self, sequence: Sequence, logits: torch.Tensor) -> int:
+        """The sequence's next token drawn from its (1, V) logits, as `generate` draws a row's."""
+        sampling = (sequence.temperature, sequence.top_k, sequence.top_p)
+        return int(sample_next_token(logits[:, : self.vocab_size], *sampling, sequence.generator))
+
+    def _accept(self, sequence: Sequence, token: int) -> bool:
+        """Add the token to the sequence; True when the sequence ends there."""
         sequence.tokens.append(token)
         return sequence.accept(token)
 

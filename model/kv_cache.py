@@ -170,14 +170,19 @@ class KVCache:
         return view
 
     def place(self, row: int, source: "KVCache", offset: int) -> None:
-        """Make `row` hold the one sequence of `source`, a cache of the same kind and length that holds
-        one row: its slots 0 .. source.pos - 1 become this row's slots offset .. offset + source.pos - 1,
-        so that with pad[row] = offset its keys keep their positions. The tables kept by position
-        (documents) and the row's last token come as they are."""
+        """Make `row` hold the one sequence of `source`, a cache of the same kind that holds one row: its
+        slots 0 .. source.pos - 1 become this row's slots offset .. offset + source.pos - 1, so that with
+        pad[row] = offset its keys keep their positions. The tables kept by position (documents) and
+        the row's last token come as they are, as far as this cache's length holds them."""
         for mine, theirs in zip(self.k + self.v, source.k + source.v, strict=True):
             mine[row, :, offset : offset + source.pos] = theirs[0, :, : source.pos]
+        self._place_tables(row, source)
+
+    def _place_tables(self, row: int, source: "KVCache") -> None:
         for name in self.ROW_TABLES:
-            getattr(self, name)[row] = getattr(source, name)[0]
+            mine, theirs = getattr(self, name), getattr(source, name)
+            width = min(mine.size(1), theirs.size(1))
+            mine[row, :width] = theirs[0, :width]
 
     def shift(self, by: int) -> None:
         """Move every row's keys and values `by` slots later (earlier when negative), and the write
@@ -252,8 +257,7 @@ class RollingKVCache(KVCache):
         row's slots come as they are."""
         for mine, theirs in zip(self.k + self.v, source.k + source.v, strict=True):
             mine[row] = theirs[0]
-        for name in self.ROW_TABLES:
-            getattr(self, name)[row] = getattr(source, name)[0]
+        self._place_tables(row, source)
 
     def shift(self, by: int) -> None:
         """As KVCache.shift: the write position moves; the slots, set by position, stay."""
