@@ -56,10 +56,9 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
 from inference.batching import check_prompt
-from inference.load import RUNS_ROOT, latest_run, load_model
+from inference.load import RUNS_ROOT, add_model_arguments, latest_run, load_model
 from inference.packed_linear import prepare_products
 from model import GPT, generate, left_pad
-from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
@@ -77,15 +76,7 @@ def parse_args() -> argparse.Namespace:
         "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
     source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
-    model_source = parser.add_mutually_exclusive_group()
-    model_source.add_argument(
-        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
-    )
-    model_source.add_argument(
-        "--init-from",
-        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
-        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--export",
         metavar="DIR",
@@ -148,13 +139,6 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
-    )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
     )
     parser.add_argument(
         "--no-cache",
