@@ -256,6 +256,31 @@ def test_a_client_that_goes_away_frees_its_row(server):
     assert server.http.get("health").json() == {"status": "ok", "running": 0, "waiting": 0}, "".join(server.log)
 
 
+def test_a_reply_sends_a_character_once_its_bytes_are_complete_and_holds_back_a_stop_string():
+    """The engine's text of one choice, as its tokens come: each event whole characters, never a stop
+    string's beginning until it is known not to be one."""
+    from data.tokenizer import GPT2Tokenizer
+    from server.engine import Choice, Reply
+
+    class Events(list):
+        send = list.append
+
+    tokenizer = GPT2Tokenizer()
+    text = " 日本語 and 語る"
+    ids = tokenizer.encode(text)
+    choice = Choice(ids[:1], max_tokens=len(ids), temperature=0, top_k=None, top_p=1.0, seed=0,
+                    stop_tokens=frozenset(), stops=(" and 語",))  # fmt: skip
+    events = Events()
+    reply = Reply(choice, 0, tokenizer, events)
+    fed = 0
+    while not reply.accept(ids[fed]):  # as the decoder feeds it: until it says the reply has ended
+        fed += 1
+    assert fed < len(ids) - 1  # it ended at the stop string, before the last token
+    assert all("\ufffd" not in event.text for event in events) and len(events) > 1
+    assert "".join(event.text for event in events) == " 日本語"
+    assert events[-1].finish_reason == "stop" and events[-1].tokens == fed + 1
+
+
 ERRORS = {
     "bad-value": ("v1/completions", {"model": "speller", "prompt": "a", "temperature": 5}, 400, "temperature"),
     "unknown-field": ("v1/completions", {"model": "speller", "prompt": "a", "logprobs": 2}, 400, "logprobs"),
