@@ -71,6 +71,7 @@ TOY_OVERRIDES = {
         "--train.compile=false",
     ],
     "bench/decode.py": ["--small", "--new-tokens=4", "--batch-sizes=1", "--no-compile"],
+    "bench/serve.py": ["--requests=2", "--max-tokens=2", "--clients", "1", "--threads=1"],
     "bench/attention.py": [
         "--block-size=64",
         "--batch-size=1",
@@ -94,6 +95,7 @@ ABLATION = "whole trainings of every variant per seed, minutes each: bench/ablat
 ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the pattern)"
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
+TWO_MACHINES = "two machines of 8 GPUs, HOST to be filled in (tests/test_launch.py: two agents on one host)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -121,7 +123,9 @@ NOT_RUN = {
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks gsm8k --limit 100": HUB,
     # several GPUs
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
-    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py --config ...": "two machines of 8 GPUs; HOST and the config are to be filled in",
+    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=gpt2 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
     "python bench/gpu.py --out gpu-report": GPU,
     'python bench/gpu.py --out "$OUT/a" --parts tests environment gpt2_124m flex': GPU,
     'python bench/gpu.py --out "$OUT/b" --parts decode baby_gpt torchrun': GPU,
@@ -131,6 +135,8 @@ NOT_RUN = {
     "python data/prepare.py --dataset data/chat_tasks/train.jsonl --chat --tokenizer out/shakespeare_char --block-size 64 --too-long truncate --out data/chat_shakespeare_char": "an earlier form of the README's command, whose folder the README has prepared",
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
+    # a server, which runs until it is stopped
+    "python serve.py --out-dir out/chat_shakespeare_char": "starts a server that runs until it is stopped (tests/test_server.py starts serve.py on a tiny chat run and speaks to it with OpenAI's client)",
     # llama.cpp's chat mode
     """python -c "
 from llama_cpp import Llama
