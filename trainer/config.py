@@ -305,7 +305,7 @@ MAX_RL_TOKENS = 10**6  # tokens of one answer: the model's block_size bounds it 
 @dataclass
 class RLConfig:
     task: str = ""  # RL: a generation task (an eval.py --tasks entry) whose sampled answers are rewarded; "" = off
-    heldout: str = ""  # a generation task scored at each [eval] scoring: pass@1 and pass@k of eval_samples answers
+    heldout: str = ""  # a generation task scored at each [eval] scoring: pass@k of eval_samples answers a question
     reward: str = "task"  # task (the task's own exact match), exact, gsm8k_strict, gsm8k_flexible or numeric
     tolerance: float = 0.0  # numeric: the largest distance between answer and reference still rewarded
     questions: int = 16  # questions per step, over all processes (each process answers an equal share)
@@ -318,7 +318,7 @@ class RLConfig:
     kl: float = 0.0  # weight of a KL penalty towards the starting model (kept frozen beside it); 0 = none
     updates: int = 1  # optimizer steps on each batch of answers (train.max_iters counts them); > 1: clipped ratio
     clip: float = 0.2  # updates > 1: the probability ratio to the sampling policy is clipped to 1 +- clip
-    eval_samples: int = 8  # k: answers sampled per held-out question at each scoring (pass@1 and pass@k)
+    eval_samples: int = 8  # n: answers sampled per held-out question at each scoring (pass@1, 2, 4, ... up to n)
     eval_items: int = 200  # held-out questions scored each time; 0 = all
 
     def __post_init__(self):

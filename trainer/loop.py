@@ -386,7 +386,7 @@ class Trainer:
         )
 
     def _score_tasks(self, stop: "StopSignals") -> tuple[dict[str, float], list[str]] | None:
-        """The [eval] tasks' figures and summary lines (and rl.heldout's pass@1 and pass@k) at every
+        """The [eval] tasks' figures and summary lines (and rl.heldout's pass@k) at every
         eval.every-th evaluation and at the last step, else none; None if a stop request came first
         (agreed on after each batch, counted over all the tasks). Every process scores the same items
         in the same batches (a sharded model's forward pass needs them all), so every process agrees at
