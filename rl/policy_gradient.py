@@ -158,6 +158,25 @@ def reference_model(cfg: Config, dataset: TokenDataset, checkpoint: dict | None,
     return model.to(device).eval().requires_grad_(False)
 
 
+def check_shares(cfg: Config, world_size: int) -> None:
+    """Refuse rl.questions that do not divide among the processes torchrun started (each answers an equal
+    share), and more micro-batches a process than it samples answers."""
+    rl = cfg.rl
+    if rl.questions % world_size:
+        raise UserError(
+            f"rl.questions={rl.questions} does not divide among the {world_size} processes torchrun started: "
+            f"each answers an equal share of a step's questions (use a multiple of {world_size})"
+        )
+    micro_batches_each = cfg.train.gradient_accumulation_steps // world_size
+    rows = rl.questions // world_size * rl.samples
+    if rows < micro_batches_each:
+        raise UserError(
+            f"train.gradient_accumulation_steps={cfg.train.gradient_accumulation_steps} gives each process "
+            f"{micro_batches_each} micro-batches, but it samples {rows} answers a step (rl.questions / "
+            f"processes x rl.samples): lower it, or sample more"
+        )
+
+
 class PolicyGradient:
     """An [rl] run's objective: draws a step's micro-batches by sampling and rewarding answers, and
     gives each micro-batch's loss (its mean over its answer tokens). Holds the generator that draws
@@ -188,19 +207,6 @@ class PolicyGradient:
         self.questions = load_questions(
             rl.task, "rl.task", tokenizer, cfg.model.block_size, self.sampling, rl.reward, rl.tolerance
         )
-        if rl.questions % world.size:
-            raise UserError(
-                f"rl.questions={rl.questions} does not divide among the {world.size} processes torchrun started: "
-                f"each answers an equal share of a step's questions (use a multiple of {world.size})"
-            )
-        micro_batches_each = cfg.train.gradient_accumulation_steps // world.size
-        rows = rl.questions // world.size * rl.samples
-        if rows < micro_batches_each:
-            raise UserError(
-                f"train.gradient_accumulation_steps={cfg.train.gradient_accumulation_steps} gives each process "
-                f"{micro_batches_each} micro-batches, but it samples {rows} answers a step (rl.questions / "
-                f"processes x rl.samples): lower it, or sample more"
-            )
         self.order_cache: dict[int, torch.Tensor] = {}
         self.reseed(seed)
 

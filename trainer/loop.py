@@ -53,6 +53,10 @@ class Trainer:
         check_init_from(train.init_from)
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
+        if cfg.rl.task:  # an [rl] run's questions are shared among the processes too (its room is read only then)
+            from rl.policy_gradient import check_shares
+
+            check_shares(cfg, self.world.size)
         self.device = self.world.device(train.device)
         self.threads_chosen = None  # why train.threads = 0 chose the count it did, for the summary
         if train.threads:
