@@ -468,7 +468,7 @@ CATALOGUE = [
     # evaluation items: every field's type and shape checked by name, the built-in tasks' records too
     Case("resume-with-other-eval-tasks", "train.py", [*RESUME, "--eval.tasks=items.jsonl"], "eval.tasks='items.jsonl' but the run in out/tiny scored no [eval] tasks", write("items.jsonl", ITEM)),
     # a first command without a config, a changed model pointed at another model's run
-    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: chat_shakespeare_char, finetune_shakespeare"),
+    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: chat_shakespeare_char, chat_shakespeare_rl, finetune_shakespeare"),
     Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
     # conversations (data/prepare.py --chat) and the runs that train on them
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
