@@ -540,6 +540,9 @@ CATALOGUE = [
     Case("prompt-file-missing", "sample.py", ["--prompt-file", "nothing.txt"], "--prompt-file='nothing.txt' does not exist"),
     Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
     Case("batch-size-of-zero", "sample.py", ["--batch-size", "0"], "--batch-size=0 is not allowed"),
+    Case("threads-below-zero", "sample.py", ["--threads", "-1"], "--threads=-1 is not allowed (use 0 up to 1024)"),
+    Case("precision-with-compile", "sample.py", ["--out-dir", "out/tiny", "--precision", "int8", "--compile"], "--precision=int8 does not apply here: torch.compile cannot trace its packed layers (leave --precision out, or decode a float32 model on an x86-64 CPU without --compile)"),
+    Case("precision-of-a-bfloat16-model", "sample.py", ["--out-dir", "out/missing", "--precision", "float16", "--dtype", "bfloat16"], "--precision=float16 does not apply here: float16 products are for a float32 model, and this one is bfloat16"),
     Case("unknown-sampling-device", "sample.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
     Case("sample-on-cuda-without-gpu", "sample.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
     Case("stop-text-ending-in-a-backslash", "sample.py", ["--stop", "a\\"], "ends in a lone backslash or holds an incomplete escape"),
@@ -641,6 +644,7 @@ CATALOGUE = [
     Case("eval-piqa-label-as-text", "eval.py", [*EVAL, "piqa=piqa.jsonl"], 'piqa.jsonl item 1: field \'label\'="0" is text, not a whole number', write("piqa.jsonl", '{"goal": "Who?", "sol1": "a", "sol2": "b", "label": "0"}\n')),
     Case("eval-lambada-one-word", "eval.py", [*EVAL, "lambada=lambada.jsonl"], 'lambada.jsonl item 1: field \'text\'="Peace!" is one word', write("lambada.jsonl", '{"text": "Peace!"}\n')),
     Case("eval-tasks-only-commas", "eval.py", [*EVAL, ","], "--tasks names no task (give NAME, NAME=FILE or FILE"),
+    Case("eval-precision-of-a-bfloat16-model", "eval.py", [*EVAL, "items.jsonl", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16", write("items.jsonl", ITEM)),
     Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
     # outputs: a file is replaced only when it is an earlier output of its kind, checked before any work
     Case("eval-json-over-a-task-file", "eval.py", [*EVAL, "items.jsonl", "--json", "items.jsonl"], "--json='items.jsonl' is a file this command reads, which its output would replace (choose another --json)", write("items.jsonl", ITEM)),

@@ -65,7 +65,7 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
     described = f"out/tiny/ckpt.pt (the newest run under out/; step 20 of 20, val loss {val_loss[-1]:.4f} at step 20)"
     assert f"sampling from {described} on cpu" in result.stderr
     if packing_unavailable(torch.device("cpu"), torch.float32) is None:
-        assert "on cpu, linear layers packed for oneDNN" in result.stderr
+        assert "on cpu, linear layers packed for oneDNN, one-token steps by inference/decode_step.py" in result.stderr
 
 
 def test_the_newest_run_is_described_with_its_step_of_max_iters_and_its_last_val_loss(trained, monkeypatch):
