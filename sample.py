@@ -16,7 +16,8 @@ StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a mo
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
 export writes and no other model: nothing in it is replaced.
 --export-gguf writes one GGUF file of the llama.cpp architecture that computes the model (gpt2,
-llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md).
+llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md); --gguf-type Q8_0
+or Q4_0 writes its matrices quantized.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
@@ -115,7 +116,7 @@ def parse_args() -> argparse.Namespace:
         "--export-gguf",
         metavar="FILE.gguf",
         help="write the model and its tokenizer to FILE.gguf for llama.cpp, Ollama or LM Studio (matrices in "
-        "--dtype: float32 for auto, float16 or bfloat16), and sample nothing; docs/shipping.md",
+        "--dtype: float32 for auto, float16 or bfloat16, or --gguf-type), and sample nothing; docs/shipping.md",
     )
     parser.add_argument(
         "--num-samples",
@@ -173,6 +174,12 @@ def parse_args() -> argparse.Namespace:
         "(default: one per physical core)",
     )
     parser.add_argument(
+        "--gguf-type",
+        metavar="TYPE",
+        help="--export-gguf: the type of the file's matrices, F32, F16, BF16, or Q8_0 or Q4_0 (quantized by the "
+        "gguf package); default: --dtype's, F32 for auto (docs/shipping.md)",
+    )
+    parser.add_argument(
         "--no-cache",
         action="store_true",
         help="re-encode the whole context at every step instead of using the KV cache (slow; shows what it saves)",
@@ -190,6 +197,8 @@ def parse_args() -> argparse.Namespace:
             "at, e.g. --stop '\\n\\n', or leave --stop out)"
         )
     args.stop = [unescape(stop) for stop in args.stop]
+    if args.gguf_type is not None and args.export_gguf is None:
+        raise UserError(f"--gguf-type={args.gguf_type} applies to --export-gguf only (give --export-gguf FILE.gguf)")
     check_chat_options(args, parser)
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
@@ -344,7 +353,7 @@ def export(args: argparse.Namespace) -> None:
         from interop.gguf import write_gguf
 
         load = functools.partial(load_model, args.out_dir, init_from=args.init_from)  # after the path's checks
-        write_gguf(Path(args.export_gguf), args.dtype, load, also=args.export)
+        write_gguf(Path(args.export_gguf), args.dtype, args.gguf_type, load, also=args.export)
         return
     resolve_dtype(args.dtype, resolve_device(args.device, key="--device"), key="--dtype")  # refused as when sampling
     if args.export_adapter is not None:
