@@ -23,18 +23,12 @@ from dataclasses import dataclass
 import torch
 
 from errors import UserError
-from inference.packed_linear import PRECISIONS, pack_linears, precision_unavailable
+from inference.packed_linear import PRECISIONS, precision_unavailable, prepare_products
 from model import GPT, attention
 from model.kv_cache import KVCache
 
+NOT_PACKED = "nn.Linear layers (it calls packed products)"  # step_unsupported's answer for unpacked layers
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the products in the model's dtype
-PRODUCTS = {  # how each precision's products run, for the start-up line
-    "auto": "linear layers packed for oneDNN",
-    "float32": "linear layers packed for oneDNN",
-    "bfloat16": "linear layers packed for oneDNN in bfloat16 (float32 activations)",
-    "float16": "float16 linear weights, fbgemm products (float32 activations)",
-    "int8": "int8 linear weights with a scale per output row (bfloat16 activations in the products)",
-}
 
 
 def step_unsupported(model: GPT) -> str | None:
@@ -47,7 +41,7 @@ def step_unsupported(model: GPT) -> str | None:
         if getattr(model.config, key):
             return f"model.{key}"
     if any(isinstance(module, torch.nn.Linear) for module in model.modules()):
-        return "nn.Linear layers (it calls packed products)"
+        return NOT_PACKED
     return None
 
 
@@ -149,14 +143,9 @@ def prepare_decoding(
     apply is a UserError (check_precision)."""
     dtype = model.transformer.wte.weight.dtype
     check_precision(precision, device, dtype, compile)
-    packed = None if precision == "auto" else precision
-    reason = "torch.compile cannot trace packed layers" if compile else precision_unavailable(device, dtype, packed)
-    if reason is not None:
-        return Decoding(None, f"nn.Linear products ({reason})")
-    pack_linears(model, packed, batch_size)
-    products = PRODUCTS[precision]
+    products = prepare_products(model, device, dtype, compile, None if precision == "auto" else precision, batch_size)
     unsupported = step_unsupported(model)
-    if not use_cache:
+    if not use_cache or unsupported == NOT_PACKED:
         return Decoding(None, products)
     if unsupported is not None:
         return Decoding(

@@ -35,6 +35,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 PRECISIONS = ("float32", "float16", "bfloat16", "int8")  # the kinds of products pack_linears makes
+PRODUCTS = {  # how each precision's products run, for a start-up line
+    None: "linear layers packed for oneDNN",
+    "float32": "linear layers packed for oneDNN",
+    "bfloat16": "linear layers packed for oneDNN in bfloat16 (float32 activations)",
+    "float16": "float16 linear weights, fbgemm products (float32 activations)",
+    "int8": "int8 linear weights with a scale per output row (bfloat16 activations in the products)",
+}
 INT8_WIDTH_MULTIPLE = 16  # PyTorch 2.13's weight-only int8 CPU product reads inputs of 16k features only
 
 
@@ -220,3 +227,22 @@ def pack_linears(model: nn.Module, precision: str | None = None, batch_size: int
         parent_name, _, child_name = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child_name, layer(linear, batch_size))
     return model
+
+
+def prepare_products(
+    model: nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    compile: bool,
+    precision: str | None = None,
+    batch_size: int | None = None,
+) -> str:
+    """On an x86-64 CPU, pack the linear layers (pack_linears: in `precision`, None for the model's
+    dtype, laid out for batch_size rows), which makes decoding 2 to 3 times faster in float32, unless
+    the model is to be compiled. Returns how the matrix products run, for the start-up line of
+    sample.py, eval.py and serve.py."""
+    reason = "torch.compile cannot trace packed layers" if compile else precision_unavailable(device, dtype, precision)
+    if reason is not None:
+        return f"nn.Linear products ({reason})"
+    pack_linears(model, precision, batch_size)
+    return PRODUCTS[precision]
