@@ -665,8 +665,8 @@ CATALOGUE = [
     Case("eval-piqa-label-as-text", "eval.py", [*EVAL, "piqa=piqa.jsonl"], 'piqa.jsonl item 1: field \'label\'="0" is text, not a whole number', write("piqa.jsonl", '{"goal": "Who?", "sol1": "a", "sol2": "b", "label": "0"}\n')),
     Case("eval-lambada-one-word", "eval.py", [*EVAL, "lambada=lambada.jsonl"], 'lambada.jsonl item 1: field \'text\'="Peace!" is one word', write("lambada.jsonl", '{"text": "Peace!"}\n')),
     Case("eval-tasks-only-commas", "eval.py", [*EVAL, ","], "--tasks names no task (give NAME, NAME=FILE or FILE"),
-    Case("eval-precision-of-a-bfloat16-model", "eval.py", [*EVAL, "items.jsonl", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16", write("items.jsonl", ITEM)),
     Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
+    Case("eval-precision-of-a-bfloat16-model", "eval.py", [*EVAL, "items.jsonl", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16", write("items.jsonl", ITEM)),
     # outputs: a file is replaced only when it is an earlier output of its kind, checked before any work
     Case("eval-json-over-a-task-file", "eval.py", [*EVAL, "items.jsonl", "--json", "items.jsonl"], "--json='items.jsonl' is a file this command reads, which its output would replace (choose another --json)", write("items.jsonl", ITEM)),
     Case("eval-json-over-the-checkpoint", "eval.py", [*EVAL, "items.jsonl", "--json", "out/tiny/ckpt.pt"], "--json='out/tiny/ckpt.pt' is a file this command reads", write("items.jsonl", ITEM)),
