@@ -300,6 +300,8 @@ RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
 EVAL = ["--out-dir", "out/tiny", "--device", "cpu", "--no-progress", "--tasks"]
 ITEM = '{"ctx": "ROMEO:", "endings": ["Peace!", "Away!"], "label": 0}\n'  # a good multiple-choice item
 TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+# rank 0 of 2, meeting the other at a port of the system's choosing, where it never comes
+ALONE_OF_2 = TORCHRUN_OF_2 | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
 
 CORPUS_TEXT = (CORPUS_DIR / "tinyshakespeare.txt").read_text()[:5000]
 CHAT_PREPARE = ["--dataset", "chats.jsonl", "--chat", "--tokenizer", "char", "--out", "chat"]
@@ -404,6 +406,13 @@ CATALOGUE = [
     Case("cuda-without-gpu", "train.py", [*TRAIN, "--train.device=cuda"], "train.device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
     Case("accumulation-across-ranks", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=3"], "train.gradient_accumulation_steps=3 does not divide among the 2 processes", env=TORCHRUN_OF_2),
     Case("one-gpu-for-many-ranks", "train.py", [*TRAIN, "--train.device=cuda:1", "--train.gradient_accumulation_steps=2"], "train.device='cuda:1' names one GPU, but torchrun started 2 processes", env=TORCHRUN_OF_2),
+    Case("torchrun-variables-incomplete", "train.py", TRAIN, "RANK=0 and WORLD_SIZE=2 are set but LOCAL_RANK is not: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE", env={"RANK": "0", "WORLD_SIZE": "2"}),
+    Case("rank-beyond-the-world", "train.py", TRAIN, "RANK=2 is not below WORLD_SIZE=2: the ranks of a run are 0 .. 1", env=TORCHRUN_OF_2 | {"RANK": "2"}),
+    Case("local-rank-beyond-its-machine", "train.py", TRAIN, "LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1", env=TORCHRUN_OF_2 | {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}),
+    Case("world-size-not-a-number", "train.py", TRAIN, "WORLD_SIZE='two' is not a whole number, 1 or more", env=TORCHRUN_OF_2 | {"WORLD_SIZE": "two"}),
+    Case("meeting-address-unset", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=2"], "MASTER_ADDR is not set: the processes of a run meet at MASTER_ADDR:MASTER_PORT", env=TORCHRUN_OF_2),
+    Case("processes-that-never-join", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=2", "--train.join_timeout=1"], "the run's 2 processes did not all join within train.join_timeout=1 s (this is rank 0", env=ALONE_OF_2),
+    Case("join-timeout-beyond-range", "train.py", [*TRAIN, "--train.join_timeout=0"], "train.join_timeout=0.0 is outside the accepted range 1 .. 86,400"),
     # data
     Case("dataset-not-prepared", "train.py", [*TRAIN, "--data.dataset=nowhere"], "no prepared dataset at data/nowhere"),
     Case("dataset-smaller-than-context", "train.py", [*TRAIN, "--model.block_size=2000000"], "fewer than model.block_size + 1 = 2000001"),

@@ -95,6 +95,7 @@ ABLATION = "whole trainings of every variant per seed, minutes each: bench/ablat
 ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the pattern)"
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
+TWO_MACHINES = "two machines of 8 GPUs, HOST to be filled in (tests/test_launch.py: two agents on one host)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -124,7 +125,9 @@ NOT_RUN = {
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks gsm8k --limit 100": HUB,
     # several GPUs
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
-    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py --config ...": "two machines of 8 GPUs; HOST and the config are to be filled in",
+    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=gpt2 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
     "python bench/gpu.py --out gpu-report": GPU,
     'python bench/gpu.py --out "$OUT/a" --parts tests environment gpt2_124m flex': GPU,
     'python bench/gpu.py --out "$OUT/b" --parts decode baby_gpt torchrun': GPU,

@@ -174,6 +174,7 @@ class TrainConfig:
     init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
+    join_timeout: float = 300.0  # under torchrun: seconds the processes wait for each other at the start (1 .. 86,400)
     block_size_schedule: str = ""  # "32:0.3": rows of 32 tokens for 30% of max_iters, then model.block_size; "" = off
     batch_size_schedule: str = ""  # "8:0.5": micro-batches of 8 for half of max_iters, then data.batch_size; "" = off
     batch_size_lr_power: float = 0.6  # batch_size_schedule: LR times (batch / data.batch_size) ** this (0 .. 1)
@@ -212,6 +213,7 @@ class TrainConfig:
         for name in STAGED_SIZES:
             parse_stages(name, getattr(self, name))
         _check_range(self, "batch_size_lr_power", 0, 1, "0 = the same LR at every batch size, 1 = LR in proportion")
+        _check_range(self, "join_timeout", 1, 86_400, "seconds, at most a day")
 
     @property
     def block_size_stages(self) -> list[tuple[int, float]]:

@@ -62,7 +62,7 @@ class Trainer:
                 "train.parallelism='fsdp' with train.dtype='float16' is not supported (loss scaling of "
                 "sharded gradients): use bfloat16 or float32, or parallelism='ddp'"
             )
-        self.world.start(self.device)
+        self.world.start(self.device, train.join_timeout)
         self.world.barrier()  # until local rank 0 has prepared a bundled dataset (train.py)
         self.run_dir = RunDir(train, self.world)  # locked until the run ends
         try:
