@@ -16,12 +16,16 @@ StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a mo
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
 export writes and no other model: nothing in it is replaced.
 --export-gguf writes one GGUF file of the llama.cpp architecture that computes the model (gpt2,
-llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md).
+llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md); --gguf-type Q8_0
+or Q4_0 writes its matrices quantized.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
-faster in float32 (not with --compile, which cannot trace them); the start-up line says which
-products are used.
+faster in float32 (not with --compile, which cannot trace them), and each step runs the model's
+arithmetic in fewer operations (inference/decode_step.py); the start-up line says which products and
+which step are used. --precision stores the linear layers' weights in fewer bytes, which read faster:
+float16 (about half float32's time a token, greedy text mostly unchanged), bfloat16 or int8, while
+the rest of the model stays in --dtype (docs/sampling.md says what each costs).
 The model sees at most block_size tokens: once a sample grows past that, the context slides, the
 last block_size // 2 tokens are encoded afresh and generation goes on, so each new token sees
 between block_size // 2 and block_size tokens. A prompt longer than block_size is an error.
@@ -56,10 +60,11 @@ from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
 from inference.batching import check_prompt
+from inference.decode_step import PRECISION_CHOICES, DecodeStep, Decoding, check_precision, prepare_decoding
 from inference.load import RUNS_ROOT, add_model_arguments, latest_run, load_model
-from inference.packed_linear import prepare_products
 from model import GPT, generate, left_pad
-from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
+from trainer.config import MAX_THREADS
+from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype, set_threads
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
 SEEDS = 2**64  # a torch generator takes seeds 0 .. 2**64 - 1
@@ -103,7 +108,7 @@ def parse_args() -> argparse.Namespace:
         "--export-gguf",
         metavar="FILE.gguf",
         help="write the model and its tokenizer to FILE.gguf for llama.cpp, Ollama or LM Studio (matrices in "
-        "--dtype: float32 for auto, float16 or bfloat16), and sample nothing; docs/shipping.md",
+        "--dtype: float32 for auto, float16 or bfloat16, or --gguf-type), and sample nothing; docs/shipping.md",
     )
     parser.add_argument(
         "--num-samples",
@@ -141,6 +146,25 @@ def parse_args() -> argparse.Namespace:
         "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
     )
     parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISION_CHOICES,
+        help="on an x86-64 CPU, the linear layers' weights in float32, float16, bfloat16 or int8 (one scale per "
+        "output row), the rest of a float32 model staying float32; auto: the model's dtype (docs/sampling.md)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads for torch's operators; 0: one per core that other work leaves free, as train.threads=0 "
+        "(default: one per physical core)",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        metavar="TYPE",
+        help="--export-gguf: the type of the file's matrices, F32, F16, BF16, or Q8_0 or Q4_0 (quantized by the "
+        "gguf package); default: --dtype's, F32 for auto (docs/shipping.md)",
+    )
+    parser.add_argument(
         "--no-cache",
         action="store_true",
         help="re-encode the whole context at every step instead of using the KV cache (slow; shows what it saves)",
@@ -158,6 +182,8 @@ def parse_args() -> argparse.Namespace:
             "at, e.g. --stop '\\n\\n', or leave --stop out)"
         )
     args.stop = [unescape(stop) for stop in args.stop]
+    if args.gguf_type is not None and args.export_gguf is None:
+        raise UserError(f"--gguf-type={args.gguf_type} applies to --export-gguf only (give --export-gguf FILE.gguf)")
     check_chat_options(args, parser)
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
@@ -171,6 +197,7 @@ def parse_args() -> argparse.Namespace:
         ),
         ("--top-k", args.top_k, args.top_k >= 0, "0 (off) or more"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1]"),
+        ("--threads", args.threads, args.threads is None or 0 <= args.threads <= MAX_THREADS, f"0 up to {MAX_THREADS}"),
     ]
     for flag, value, ok, accepted in checks:
         if not ok:
@@ -251,15 +278,17 @@ def main() -> None:
         return export(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    check_precision(args.precision, device, dtype, args.compile)  # before a model, perhaps a large download, is loaded
     if args.chat:  # the terminal chat's room (inference/chat.py): plain sampling never reads it
         from inference.chat import chat_in_terminal, check_messages
 
-        check_messages(args.system, args.prompt)  # before a model, perhaps a large download, is loaded
+        check_messages(args.system, args.prompt)
+    threads = None if args.threads is None else set_threads(args.threads, "--threads")
     model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
     model.to(device=device, dtype=dtype)
-    products = prepare_products(model, device, dtype, args.compile)
     if args.chat:
-        return chat_in_terminal(model, tokenizer, args, source, products)
+        decoding = prepare(model, device, args, batch_size=1)
+        return chat_in_terminal(model, tokenizer, args, source, describe(decoding, threads), decoding.step)
 
     prompts = read_prompts(
         args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token])
@@ -271,11 +300,22 @@ def main() -> None:
         prompt_ids = tokenizer.encode(prompt)
         check_prompt(prompt, prompt_ids, model.config)
         rows += [(prompt, prompt_ids)] * args.num_samples
-    print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
+    decoding = prepare(model, device, args, batch_size=min(args.batch_size, len(rows)))
+    print(f"sampling from {source} on {device.type}, {describe(decoding, threads)}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):
         batch = rows[first : first + args.batch_size]
         generators = [torch.Generator(device=device).manual_seed(args.seed + first + i) for i in range(len(batch))]
-        write_samples(model, tokenizer, batch, args, generators, separate=first > 0)
+        write_samples(model, tokenizer, batch, args, generators, separate=first > 0, step=decoding.step)
+
+
+def prepare(model: GPT, device: torch.device, args: argparse.Namespace, batch_size: int) -> Decoding:
+    """The model made ready to decode batch_size rows at a time as the options ask (inference/decode_step.py)."""
+    return prepare_decoding(model, device, args.precision, batch_size, args.compile, use_cache=not args.no_cache)
+
+
+def describe(decoding: Decoding, threads: str | None) -> str:
+    """How decoding runs, and the threads --threads=0 chose, for the start-up line."""
+    return decoding.description + ("" if threads is None else f"; {threads}")
 
 
 def export(args: argparse.Namespace) -> None:
@@ -286,7 +326,7 @@ def export(args: argparse.Namespace) -> None:
         from interop.gguf import write_gguf
 
         load = functools.partial(load_model, args.out_dir, init_from=args.init_from)  # after the path's checks
-        write_gguf(Path(args.export_gguf), args.dtype, load, also=args.export)
+        write_gguf(Path(args.export_gguf), args.dtype, args.gguf_type, load, also=args.export)
         return
     resolve_dtype(args.dtype, resolve_device(args.device, key="--device"), key="--dtype")  # refused as when sampling
     if args.export_adapter is not None:
@@ -310,9 +350,10 @@ def write_samples(
     args: argparse.Namespace,
     generators: list[torch.Generator],
     separate: bool,
+    step: DecodeStep | None = None,
 ) -> None:
     """Generate one sample per row and write each to stdout, after a separator line from the previous
-    one; a lone row is streamed token by token."""
+    one; a lone row is streamed token by token. step: the one-token step (None: the model's forward)."""
     device = generators[0].device
     prompt_batch, pad = left_pad([prompt_ids for _, prompt_ids in rows], device)
     decoders = [StreamDecoder(tokenizer, tuple(args.stop)) for _ in rows]
@@ -333,6 +374,7 @@ def write_samples(
         use_cache=not args.no_cache,
         pad=pad,
         compile=args.compile,
+        step=step,
     )
     done = [False] * len(rows)
     for tokens in steps:

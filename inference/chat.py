@@ -41,6 +41,7 @@ class Sampling:
     top_p: float = 1.0
     use_cache: bool = True
     compile: bool = False
+    step: Callable | None = None  # the one-token step (inference/decode_step.py); None: the model's forward
 
 
 def check_chat_model(tokenizer: Tokenizer, source: object) -> None:
@@ -128,6 +129,7 @@ def stream_reply(
         generators=[generator],
         use_cache=sampling.use_cache,
         compile=sampling.compile,
+        step=sampling.step,
     )
     try:
         for tokens in steps:
@@ -216,14 +218,16 @@ def chat(
             return messages
 
 
-def chat_in_terminal(model: GPT, tokenizer: Tokenizer, args, source: object, products: str) -> None:
+def chat_in_terminal(
+    model: GPT, tokenizer: Tokenizer, args, source: object, products: str, step: Callable | None = None
+) -> None:
     """sample.py --chat: the conversation on stdin and stdout (notes on stderr); --prompt answers one
     message. args: sample.py's options; source: where the model came from; products: how its matrix
-    products run, for the start-up line."""
+    products run, for the start-up line; step: the one-token step (None: the model's forward)."""
     check_chat_model(tokenizer, source)
     device = model.transformer.wte.weight.device
     sampling = Sampling(
-        args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile
+        args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile, step
     )
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if args.prompt is None:

@@ -20,7 +20,7 @@ from data.files import check_output_file, make_dir
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
 from interop.families import gguf_family_for
-from interop.gguf_tensors import add_model, add_tensors, gguf_tensors, is_export
+from interop.gguf_tensors import DTYPE_TYPES, FILE_TYPES, add_model, add_tensors, gguf_tensors, is_export
 from interop.pretrained import SpecialTokens, exported_config, note_plain_causal, special_tokens
 from model import GPT
 from trainer.checkpoint import non_finite
@@ -44,17 +44,24 @@ LLAMA_CPP_DEFAULT_EOS = 11
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
 
-def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, Path]], also: str | None) -> None:
-    """sample.py --export-gguf: check path, load the model (load() gives it, its tokenizer and where it
-    came from), write the file and say so. dtype is --dtype's value: auto is float32. `also`: an --export
-    given with it, refused (one format a command)."""
+def write_gguf(
+    path: Path,
+    dtype: str,
+    gguf_type: str | None,
+    load: Callable[[], tuple[GPT, Tokenizer, Path]],
+    also: str | None,
+) -> None:
+    """sample.py --export-gguf: check path and the type, load the model (load() gives it, its tokenizer
+    and where it came from), write the file and say so. dtype is --dtype's value (auto is float32), and
+    gguf_type --gguf-type's (None: --dtype's type). `also`: an --export given with it, refused (one
+    format a command)."""
     if also is not None:
         raise UserError(f"--export-gguf={str(path)!r} and --export={also!r} write one format each (give one of them)")
+    file_type = gguf_file_type(dtype, gguf_type)
     check_gguf_file(path)  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load()
-    dtype = "float32" if dtype == "auto" else dtype
-    arch = export_gguf(model, tokenizer, path, dtype, source)
-    print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
+    arch = export_gguf(model, tokenizer, path, file_type, source)
+    print(f"wrote {source} as a llama.cpp {arch} model in {file_type} to {path}", file=sys.stderr)
     if special_tokens(tokenizer).eos is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
         shown = tokenizer.decode([LLAMA_CPP_DEFAULT_EOS])
         print(
@@ -62,6 +69,24 @@ def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, 
             f"({shown!r}) for one: run it with --ignore-eos to generate past it",
             file=sys.stderr,
         )
+
+
+def gguf_file_type(dtype: str, gguf_type: str | None) -> str:
+    """The type of the file's matrices (FILE_TYPES) that --dtype and --gguf-type ask for; both given,
+    or an unknown type, is refused by name."""
+    if gguf_type is None:
+        return DTYPE_TYPES.get(dtype, "F32")  # auto: float32
+    if dtype != "auto":
+        raise UserError(
+            f"--gguf-type={gguf_type} and --dtype={dtype} both say how the file's matrices are stored (give one of "
+            f"them: --gguf-type {DTYPE_TYPES[dtype]} is --dtype {dtype})"
+        )
+    if gguf_type.upper() not in FILE_TYPES:
+        raise UserError(
+            f"--gguf-type={gguf_type} is not a type this export writes (use one of {', '.join(FILE_TYPES)}; "
+            f"llama.cpp's llama-quantize makes the others from an F32 or F16 file)"
+        )
+    return gguf_type.upper()
 
 
 def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
@@ -72,9 +97,10 @@ def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     check_output_file(Path(path), "--export-gguf", is_export, GGUF_KIND, inputs)
 
 
-def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
+def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, file_type: str, source: Path) -> str:
     """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
-    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. A chat model
+    the model, matrices in file_type (FILE_TYPES: F32, F16, BF16, Q8_0, Q4_0, with gguf_tensors.tensor_type's
+    exceptions; or --dtype's float32, float16, bfloat16). Returns the architecture. A chat model
     trained with model.attn_documents is written as the plain causal model, as --export writes it, with a
     note saying so (exported_config). Everything is checked before the file is written, and the file
     appears whole or not at all."""
@@ -98,7 +124,7 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     try:
         add_model(writer, config, family, name=Path(path).stem, source=str(source))
         add_tokenizer(writer, tokenizer, vocabulary, special)
-        add_tensors(writer, tensors, dtype)
+        fell_back = add_tensors(writer, tensors, DTYPE_TYPES.get(file_type, file_type))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -107,6 +133,13 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     finally:
         temporary.unlink(missing_ok=True)
     note_plain_causal(model.config, tokenizer)
+    if fell_back:
+        print(
+            f"note: {len(fell_back)} matrices ({', '.join(fell_back[:3])}{', ...' if len(fell_back) > 3 else ''}) "
+            f"hold rows of a length that is not a multiple of {file_type}'s blocks of 32, so they are F16, as "
+            f"llama-quantize writes them",
+            file=sys.stderr,
+        )
     return family.gguf.arch
 
 

@@ -23,15 +23,20 @@ import torch
 from interop.families import CONVERSIONS, Family, _rows, _shapes
 from model import GPTConfig
 
-# --dtype's names -> the GGUF type of matrices (norm weights and biases stay float32, as llama.cpp's own
-# converter writes them: its kernels multiply by a norm's weight only in float32)
-MATRIX_TYPES = {
-    "float32": gguf.GGMLQuantizationType.F32,
-    "float16": gguf.GGMLQuantizationType.F16,
-    "bfloat16": gguf.GGMLQuantizationType.BF16,
+# the types a file's matrices are written in (sample.py --gguf-type), each with the file type the file
+# declares; norm weights and biases stay float32, as llama.cpp's own converter writes them (its kernels
+# multiply by a norm's weight only in float32)
+FILE_TYPES = {
+    "F32": gguf.LlamaFileType.ALL_F32,
+    "F16": gguf.LlamaFileType.MOSTLY_F16,
+    "BF16": gguf.LlamaFileType.MOSTLY_BF16,
+    "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "Q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
 }
-FILE_TYPES = {"float32": gguf.LlamaFileType.ALL_F32, "float16": gguf.LlamaFileType.MOSTLY_F16}
-FILE_TYPES["bfloat16"] = gguf.LlamaFileType.MOSTLY_BF16
+DTYPE_TYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # --dtype's names for the float types
+# llama-quantize gives the output layer (or the token embedding it is tied to) Q6_K in a file of 4-bit
+# matrices, the type that costs it least; gguf has no Q6_K quantizer, so Q8_0 it is
+OUTPUT_TYPES = {"Q4_0": "Q8_0"}
 ARCHITECTURES = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 EXPORT_SOURCE_KEY = "export.source"  # the checkpoint or folder a file was written from: marks it as ours
 
@@ -114,18 +119,36 @@ def add_model(writer: "gguf.GGUFWriter", config: GPTConfig, family: Family, name
         writer.add_layer_norm_eps(config.norm_eps)
 
 
-def add_tensors(writer: "gguf.GGUFWriter", tensors: dict[str, torch.Tensor], dtype: str) -> None:
-    """Each tensor as float32, or matrices in dtype (float16, bfloat16)."""
-    writer.add_file_type(FILE_TYPES[dtype])
+def tensor_type(name: str, shape: tuple[int, ...], file_type: str, output: str) -> gguf.GGMLQuantizationType:
+    """The GGML type of one tensor (shape: ours, (out, in)) in a file of `file_type` (FILE_TYPES),
+    by llama-quantize's rules (its llama-quant.cpp): vectors and norm weights stay F32 (StableLM's
+    per-head norms are 2-D), and so does a quantized file's position table; `output`, the name of the
+    output layer (or the token embedding it is tied to), takes OUTPUT_TYPES' type; a matrix whose rows
+    do not fill whole blocks of its quantized type falls back to F16."""
+    quantized = file_type not in ("F32", "F16", "BF16")
+    if len(shape) < 2 or name.endswith("_norm.weight") or (quantized and name == "position_embd.weight"):
+        return gguf.GGMLQuantizationType.F32
+    kind = gguf.GGMLQuantizationType[OUTPUT_TYPES.get(file_type, file_type) if name == output else file_type]
+    block, _ = gguf.GGML_QUANT_SIZES[kind]
+    return gguf.GGMLQuantizationType.F16 if shape[-1] % block else kind
+
+
+def add_tensors(writer: "gguf.GGUFWriter", tensors: dict[str, torch.Tensor], file_type: str) -> list[str]:
+    """Each tensor in its type (tensor_type) for a file of `file_type`, quantized by gguf's own
+    quantizers. Returns the names of the matrices that fell back to F16 in a quantized file."""
+    writer.add_file_type(FILE_TYPES[file_type])
+    output = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    fell_back = []
     for name, tensor in tensors.items():
         data = tensor.detach().to("cpu", torch.float32).numpy()
-        matrix = tensor.dim() > 1 and not name.endswith("_norm.weight")  # StableLM's per-head norms are 2-D
-        kind = MATRIX_TYPES[dtype] if matrix else gguf.GGMLQuantizationType.F32
+        kind = tensor_type(name, tuple(data.shape), file_type, output)
         if kind == gguf.GGMLQuantizationType.F16:
+            fell_back += [name] if file_type != "F16" else []
             data = data.astype(np.float16)
-        elif kind == gguf.GGMLQuantizationType.BF16:
-            data = gguf.quants.quantize(data, kind)
+        elif kind != gguf.GGMLQuantizationType.F32:
+            data = gguf.quants.quantize(data, kind)  # bytes: the writer takes the shape from them and raw_dtype
         writer.add_tensor(name, data, raw_dtype=kind)
+    return fell_back
 
 
 def is_export(path: Path) -> bool:

@@ -24,7 +24,7 @@ need at least one complete block. Other patterns need nothing here: the model's 
 apply them.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -107,6 +107,7 @@ def generate(
     pad: list[int] | None = None,
     compile: bool = False,
     log_probs: list[torch.Tensor] | None = None,
+    step: Callable | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield (B,) new token ids, on the CPU, one step at a time, for a (B, T) prompt.
 
@@ -118,6 +119,10 @@ def generate(
     samples do not depend on the other rows; None draws from torch's global generator.
     compile: run the one-token step through torch.compile (CUDA graphs on a GPU); the prompt and
     every re-encoding after the context slides run eagerly.
+    step: the one-token step to call instead of the model (a CPU's inference/decode_step.py, which
+    computes what the model computes in fewer operations), called as the model is: step(idx (B, 1),
+    cache=, pad=, prefix=) -> (logits, _). The prompt and every re-encoding stay on the model; without
+    the cache, or for a block-causal model, there are no one-token steps and it is not called.
 
     The KV cache is preallocated and written in place (static, read whole and masked, when
     compiling), and the loop's only wait for the device is copying each step's (B,) tokens to the
@@ -137,6 +142,8 @@ def generate(
             raise ValueError(
                 f"prompt row {row} has {width - start} tokens: it must hold 1 to block_size={block_size} tokens"
             )
+    if compile and step is not None:
+        raise ValueError("compile and step both replace the one-token step: give one of them")
     if generators is not None and len(generators) != B:
         raise ValueError(f"{len(generators)} generators for {B} prompt rows: pass one per row")
     if model.config.attn_block:
@@ -154,7 +161,8 @@ def generate(
     cache = model.new_cache(B, max_len, static=compile) if use_cache else None
     # the one-token step: CUDA graphs replay it without launching each kernel from Python
     mode = "reduce-overhead" if prompt.device.type == "cuda" else None
-    step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
+    if step is None:
+        step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     # prefix-LM: each row's prompt is its prefix (None: the model has no prefix)
     prefixes = [width - start for start in starts]

@@ -104,6 +104,8 @@ NOT_RUN = {
     "python -m pytest": "the test suite itself",
     "python -m pytest tests/test_families.py tests/test_hf_gpt2.py -q": "part of the test suite itself",
     "pip install llama-cpp-python": "builds llama.cpp from source (25 minutes or more on 2 cores)",
+    "pip download --no-deps --no-binary :all: llama-cpp-python": "downloads a source package from the network",
+    "pip install diskcache": "installs a package from the network (with llama.cpp's library built beside it)",
     "python -m pytest tests/test_gguf.py -q": "part of the test suite itself",
     # a model folder from the hub
     "hf download openai-community/gpt2 config.json model.safetensors --local-dir models/gpt2": HUB,

@@ -135,6 +135,48 @@ def test_half_precision_export_holds_matrices_rounded_as_torch_rounds_them_and_n
     assert field(reader, "general.file_type") == file_type
 
 
+@pytest.mark.parametrize("key", GGUF_MODELS)
+@pytest.mark.parametrize("file_type", ["Q8_0", "Q4_0"])
+def test_quantized_export_holds_matrices_quantized_by_gguf_and_keeps_the_rest_as_llama_quantize_does(
+    file_type, key, tmp_path
+):
+    """Matrices in the type, written by gguf's own quantizer (byte for byte); norm weights, biases and the
+    position table in F32; the output layer (or the token embedding tied to it) Q8_0 in a Q4_0 file."""
+    model, arch, reader = export(tmp_path, key, dtype=file_type)
+    expected = expected_tensors(model, arch)
+    output = "output.weight" if "output.weight" in expected else "token_embd.weight"
+    for tensor in reader.tensors:
+        wanted = expected[tensor.name].numpy()
+        if wanted.ndim == 1 or tensor.name.endswith("_norm.weight") or tensor.name == "position_embd.weight":
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+            continue
+        kind = gguf.GGMLQuantizationType["Q8_0" if tensor.name == output else file_type]
+        if wanted.shape[-1] % 32:  # rows not in whole blocks (a SwiGLU MLP 85 wide): F16, as llama-quantize does
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F16, tensor.name
+            assert np.array_equal(np.asarray(tensor.data).reshape(wanted.shape), wanted.astype(np.float16))
+            continue
+        assert tensor.tensor_type == kind, tensor.name
+        assert np.array_equal(np.asarray(tensor.data), gguf.quants.quantize(wanted, kind)), tensor.name
+        rows = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(wanted.shape)
+        # off by at most a block's step: its largest value over 127 (Q8_0) or 8 (Q4_0, whose -8..7 clamp one end)
+        step = {"Q8_0": 1 / 127, "Q4_0": 1 / 8}[kind.name]
+        assert np.abs(rows - wanted).max() <= 1.01 * step * np.abs(wanted).max(), tensor.name
+    assert field(reader, "general.file_type") == gguf.LlamaFileType[f"MOSTLY_{file_type}"]
+
+
+def test_a_matrix_whose_rows_do_not_fill_whole_blocks_is_written_in_float16_with_a_note(tmp_path, capsys):
+    """A SwiGLU MLP 8/3 as wide as 32 features is 85 wide: its output layer's rows are not in blocks of 32."""
+    model = trained_like(tiny_model(VOCAB, 48, bias=False, pos_emb="rope", norm="rmsnorm", mlp="swiglu"), 3)
+    export_gguf(model, TOKENIZER, tmp_path / "m.gguf", "Q8_0", source=tmp_path / "run")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == "F16"
+    assert types["blk.0.ffn_up.weight"] == types["blk.0.attn_q.weight"] == "Q8_0"
+    assert (
+        "note: 2 matrices (blk.0.ffn_down.weight, blk.1.ffn_down.weight) hold rows of a length that is not a "
+        "multiple of Q8_0's blocks of 32, so they are F16, as llama-quantize writes them"
+    ) in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("heads, head_size", [(4, 8), (1, 16), (2, 2)])
 def test_rope_permutation_round_trips_and_pairs_feature_i_with_i_plus_half(heads, head_size):
     rows = torch.arange(heads * head_size * 3, dtype=torch.float32).reshape(heads * head_size, 3)
@@ -238,7 +280,7 @@ def test_sample_py_replaces_its_own_earlier_export_and_nothing_else(tmp_path):
     for _ in range(2):  # the second run replaces the first's file
         written = run_script("sample.py", *args)
         assert written.returncode == 0, written.stderr
-        assert "as a llama.cpp llama model in float32" in written.stderr
+        assert "as a llama.cpp llama model in F32" in written.stderr
     assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "llama"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "m.gguf"]  # no temporary file left
 
@@ -337,6 +379,52 @@ def test_llama_cpp_runs_the_quickstart_model_as_sample_py_does(data_dir, tmp_pat
     model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
     source = ["--out-dir", str(tmp_path / "run")]
     assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO:", 32 - len("ROMEO:"), model.eval())
+
+
+def llama_cpp_perplexity(path, windows: list[list[int]]) -> float:
+    """llama.cpp's perplexity of every token after each window's first (its KV cache in float32)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+    width = len(windows[0])
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=width, logits_all=True, verbose=False, n_threads=1, **cache)
+    nll = []
+    for window in windows:
+        llm.reset()
+        llm.eval(window)
+        logits = torch.tensor(np.array(llm.scores[: width - 1]), dtype=torch.float64)
+        nll += torch.nn.functional.cross_entropy(logits, torch.tensor(window[1:]), reduction="none").tolist()
+    llm.close()
+    return float(np.exp(np.mean(nll)))
+
+
+# how far llama.cpp's perplexity of each type may lie above F32's on held-out text (docs/shipping.md)
+QUANTIZED_PERPLEXITY = {"F16": 1e-4, "Q8_0": 5e-3, "Q4_0": 3e-2}
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_loads_each_quantized_file_within_its_perplexity_bound_of_float32(data_dir, tmp_path):
+    """A model trained for 200 steps on the quickstart's characters, scored on the first 1,024 characters of
+    the val split in windows of its 64-token context."""
+    from inference.load import model_from_checkpoint
+    from trainer.checkpoint import load_checkpoint
+
+    sizes = {"model__n_embd": 64, "model__block_size": 64, "train__eval_interval": 200, "optim__lr_decay_iters": 200}
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=200, **sizes)).fit()
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
+    val = np.fromfile(data_dir / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(int).tolist()
+    windows = [val[start : start + 64] for start in range(0, 1024, 64)]
+    with torch.no_grad():
+        logits = model(torch.tensor(windows))[0][:, :-1].double()
+    ours = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(windows)[:, 1:].flatten()).exp())
+    perplexity = {}
+    for file_type in ("F32", *QUANTIZED_PERPLEXITY):
+        path = tmp_path / f"{file_type}.gguf"
+        export_gguf(model, tokenizer, path, file_type, source=tmp_path / "run")
+        perplexity[file_type] = llama_cpp_perplexity(path, windows)
+    assert perplexity["F32"] == pytest.approx(ours, rel=1e-5)
+    for file_type, bound in QUANTIZED_PERPLEXITY.items():
+        assert perplexity[file_type] <= perplexity["F32"] * (1 + bound), (file_type, perplexity)
 
 
 # ------------------------------------------------------------------ a folder's special tokens, and a run's
