@@ -63,7 +63,7 @@ def test_smoke_run_of_every_part_needs_only_what_the_gpu_image_holds(tmp_path, a
         "dense bool mask (2, 1, 64, 64))"
     )
     assert figures["compiled static cache (CUDA graphs)"].startswith("skipped: no CUDA")
-    assert figures["decoding batch 1: ours, cache, eager, nn.Linear"].endswith("x transformers)")
+    assert figures["decoding batch 1: ours, model's step, nn.Linear"].endswith("x transformers)")
     assert re.search(r"x the plain run's, [+-]\d+\.\d ms\)$", figures["baby GPT step, FSDP2 (gloo)"])
     assert figures["kill and resume (FSDP2, torchrun)"].startswith("bit for bit at all 8 steps")
     table = (out / "report.md").read_text()
