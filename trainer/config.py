@@ -359,6 +359,20 @@ def _uses_muon(cfg: Config) -> bool:
 # default where that setting does not hold, such a key does nothing, and idle_keys names it
 ACTS_ONLY_WITH = {
     "model.rope_base": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    "model.rope_scaling": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling != "none", "model.rope_scaling='llama3' or 'yarn'")
+        for name in ("factor", "original_context")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "llama3", "model.rope_scaling='llama3'")
+        for name in ("low_freq_factor", "high_freq_factor")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "yarn", "model.rope_scaling='yarn'")
+        for name in ("beta_fast", "beta_slow", "attention_factor", "truncate")
+    },
+    "model.qkv_bias": (lambda cfg: not cfg.model.bias, "model.bias=false: bias=true already has them"),
     "model.attn_window": (
         lambda cfg: cfg.model.attn_window < cfg.model.block_size,
         "a value below model.block_size: a query never sees more than block_size positions",
