@@ -29,7 +29,9 @@ KEPT_SWITCHES = (
 
 # what the folder decides of the model's shape, whatever the run's config says
 FOLDER_SHAPE = (
-    "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "rope_base", "bias",
+    "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "bias", "qkv_bias",
+    "rope_base", "rope_scaling", "rope_factor", "rope_original_context", "rope_low_freq_factor",
+    "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor", "rope_truncate",
 )  # fmt: skip
 
 

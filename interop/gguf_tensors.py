@@ -10,6 +10,9 @@ TensorNameMap gives them, with three differences from a Hugging Face folder:
     adjacent RoPE: llama.cpp's "llama" turns features 2i and 2i+1 together where transformers turns
                    i and i + D/2, so each head's query and key rows are interleaved (permute_rope)
 
+and a stretched RoPE as llama.cpp's converter writes it: Llama 3's as the tensor rope_freqs.weight of
+the divisors of the plain frequencies (rope_freqs), YaRN as settings (add_model).
+
 Problems raise ValueError naming the switch or tensor.
 """
 
@@ -22,6 +25,7 @@ import torch
 
 from interop.families import CONVERSIONS, Family, _rows, _shapes
 from model import GPTConfig
+from model.rope import default_frequencies, rope_frequencies, yarn_attention_factor
 
 # --dtype's names -> the GGUF type of matrices (norm weights and biases stay float32, as llama.cpp's own
 # converter writes them: its kernels multiply by a norm's weight only in float32)
@@ -84,7 +88,18 @@ def gguf_tensors(state: dict[str, torch.Tensor], config: GPTConfig, family: Fami
                 tensors[name] = permute_rope(tensors[name], heads)
     if family.gguf.output_required and config.tie_embeddings:
         tensors["output.weight"] = tensors["token_embd.weight"]
+    if config.pos_emb == "rope" and config.rope_scaling == "llama3":
+        tensors[ROPE_FREQS] = rope_freqs(config)
     return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's stretched RoPE, in a GGUF file
+
+
+def rope_freqs(config: GPTConfig) -> torch.Tensor:
+    """(head_size / 2,) float32: what llama.cpp divides each plain frequency base^(-2i/D) by to turn a
+    pair as config's stretched table does (1 where a frequency is kept, rope_factor where divided)."""
+    return default_frequencies(config.rope_base, config.head_size) / rope_frequencies(config)[0]
 
 
 def _block(name: str) -> int:
@@ -108,6 +123,14 @@ def add_model(writer: "gguf.GGUFWriter", config: GPTConfig, family: Family, name
     if config.pos_emb == "rope":
         writer.add_rope_dimension_count(config.head_size)
         writer.add_rope_freq_base(config.rope_base)
+    if config.pos_emb == "rope" and config.rope_scaling == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(config.rope_factor)
+        writer.add_rope_scaling_orig_ctx_len(config.rope_original_context)
+        if config.rope_attention_factor:  # llama.cpp multiplies its own 0.1 ln(factor) + 1 by this
+            writer.add_rope_scaling_attn_factors(
+                config.rope_attention_factor / yarn_attention_factor(config.rope_factor)
+            )
     if config.norm == "rmsnorm":
         writer.add_layer_norm_rms_eps(config.norm_eps)
     else:

@@ -17,8 +17,8 @@ from data.conversations import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, is_hub_id, make_dir
 from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer
 from errors import UserError
-from interop.families import Family, family_for, hf_config, tensors_to_hf
-from interop.hf import SAFETENSORS_NAME, load_dir, write_safetensors
+from interop.families import Family, family_for, hf_config, ignored_note, tensors_to_hf
+from interop.hf import SAFETENSORS_NAME, load_dir, read_config, write_safetensors
 from model import GPT, GPTConfig
 from trainer.checkpoint import non_finite
 
@@ -65,12 +65,16 @@ def resolve_folder(value: str, key: str) -> Path:
 
 
 def load_pretrained(value: str, key: str) -> Pretrained:
-    """The model in a Hugging Face folder or hub id; any problem is a UserError naming key and file."""
+    """The model in a Hugging Face folder or hub id; any problem is a UserError naming key and file. The
+    config.json keys it ignores, which no model code reads, are named in one line on stderr."""
     directory = resolve_folder(value, key)
     try:
         family, config, state = load_dir(directory)
+        note = ignored_note(read_config(directory), str(directory / "config.json"))
     except (ValueError, OSError, pickle.UnpicklingError, KeyError) as e:
         raise UserError(f"{key}={value!r} cannot be loaded: {e}") from None
+    if note is not None:
+        print(note, file=sys.stderr)
     return Pretrained(family, config, state, directory)
 
 

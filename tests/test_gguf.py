@@ -5,6 +5,7 @@ llama-cpp-python), llama.cpp's greedy continuation equals sample.py --temperatur
 import contextlib
 import io
 import json
+import math
 
 import numpy as np
 import pytest
@@ -67,6 +68,9 @@ def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
                 tensors[blk + their + ".bias"] = biases[our]
             continue
         rope_order = (lambda t, heads: permute_rope(t, heads)) if arch == "llama" else (lambda t, heads: t)
+        if config.qkv_bias and not config.bias:  # Qwen2's biases: the queries', keys' and values' alone
+            q, k, v = split_qkv(ours("attn.c_attn.bias"), config)
+            tensors[blk + "attn_q.bias"], tensors[blk + "attn_k.bias"], tensors[blk + "attn_v.bias"] = q, k, v
         for kind in ("weight", "bias") if config.bias else ("weight",):
             q, k, v = split_qkv(ours("attn.c_attn." + kind), config)
             tensors[blk + "attn_q." + kind] = rope_order(q, config.n_head)
@@ -86,7 +90,28 @@ def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
         tensors["output_norm.bias"] = state["transformer.ln_f.bias"] if config.bias else torch.zeros(config.n_embd)
     if not config.tie_embeddings or arch == "stablelm":  # StableLM's llama.cpp reads no tied output layer
         tensors["output.weight"] = state["lm_head.weight"]
+    if config.rope_scaling == "llama3":  # the divisors of the plain frequencies, as llama.cpp's converter writes them
+        tensors["rope_freqs.weight"] = torch.tensor(llama3_rope_factors(config), dtype=torch.float32)
     return tensors
+
+
+def llama3_rope_factors(config) -> list[float]:
+    """Llama 3's stretch as llama.cpp's converter computes it (conversion/llama.py): per pair, 1 where the
+    wavelength is shorter than the original context / high_freq_factor, factor where longer than it /
+    low_freq_factor, 1 / ((1 - s) / factor + s) in between."""
+    D, base, original = config.head_size, config.rope_base, config.rope_original_context
+    low, high, factor = config.rope_low_freq_factor, config.rope_high_freq_factor, config.rope_factor
+    factors = []
+    for freq in (1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)).tolist():
+        wavelength = 2 * math.pi / freq
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
 
 
 @pytest.mark.parametrize("key", GGUF_MODELS)
@@ -106,10 +131,17 @@ def test_gguf_file_holds_the_architecture_settings_and_our_tensors(key, tmp_path
     if config.pos_emb == "rope":
         assert field(reader, f"{arch}.rope.dimension_count") == config.head_size
         assert field(reader, f"{arch}.rope.freq_base") == pytest.approx(config.rope_base)
+    if config.rope_scaling == "yarn":
+        assert field(reader, f"{arch}.rope.scaling.type") == "yarn"
+        assert field(reader, f"{arch}.rope.scaling.factor") == config.rope_factor
+        assert field(reader, f"{arch}.rope.scaling.original_context_length") == config.rope_original_context
     expected = expected_tensors(model, arch)
     assert sorted(t.name for t in reader.tensors) == sorted(expected)
     for tensor in reader.tensors:
         assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+        if tensor.name == "rope_freqs.weight":  # computed in float32 here, in Python's floats by llama.cpp
+            np.testing.assert_allclose(tensor.data, expected[tensor.name].numpy(), rtol=1e-6, err_msg=tensor.name)
+            continue
         np.testing.assert_array_equal(tensor.data, expected[tensor.name].numpy(), err_msg=tensor.name)
     # every tensor is one llama.cpp's architecture has (gguf's table of them)
     names = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[{v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]]}
@@ -133,6 +165,28 @@ def test_half_precision_export_holds_matrices_rounded_as_torch_rounds_them_and_n
             assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
     file_type = {"float16": gguf.LlamaFileType.MOSTLY_F16, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]
     assert field(reader, "general.file_type") == file_type
+
+
+# stretched RoPEs llama.cpp does not compute: Llama 3's table outside its "llama", YaRN with other betas
+STRETCH_REFUSALS = {
+    "llama3-in-qwen2": (
+        {**GGUF_MODELS["qwen2"][0], "rope_scaling": "llama3", "rope_factor": 8.0, "rope_original_context": 32},
+        r"model.rope_scaling='llama3' is computed by llama.cpp's llama but not by its qwen2",
+    ),
+    "yarn-betas": (
+        {**GGUF_MODELS["qwen2-gqa-untied-yarn"][0], "rope_beta_fast": 16.0},
+        r"model.rope_beta_fast=16.0 is computed by no llama.cpp architecture: its YaRN reads only beta_fast = 32",
+    ),
+}
+
+
+@pytest.mark.parametrize("key", STRETCH_REFUSALS)
+def test_a_stretched_rope_llama_cpp_does_not_compute_is_refused_by_name(key, tmp_path):
+    switches, message = STRETCH_REFUSALS[key]
+    model = tiny_model(VOCAB, 48, **switches)
+    with pytest.raises(UserError, match=r"^--export-gguf cannot write this model: " + message):
+        export_gguf(model, TOKENIZER, tmp_path / "model.gguf", "float32", source=tmp_path)
+    assert not (tmp_path / "model.gguf").exists()
 
 
 @pytest.mark.parametrize("heads, head_size", [(4, 8), (1, 16), (2, 2)])
