@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 
@@ -212,6 +213,22 @@ def llama_dir_naming(**names: str) -> Callable[[Path], None]:
         path = workspace / "llama" / "tokenizer_config.json"
         template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
         path.write_text(json.dumps(json.loads(path.read_text()) | {"chat_template": template, **names}))
+
+    return setup
+
+
+def gguf_file(fields: dict | None = None, types: dict | None = None) -> Callable[[Path], None]:
+    """model.gguf: a tiny Qwen2 model as sample.py --export-gguf writes it, with metadata (key -> (value,
+    type, sub type)) and tensor types changed as another program might write them."""
+
+    def setup(workspace: Path) -> None:
+        from interop.gguf import export_gguf
+        from tests.test_gguf import rewrite_gguf
+
+        model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True)
+        tokenizer = CharTokenizer("".join(chr(32 + i) for i in range(65)))
+        export_gguf(model, tokenizer, workspace / "plain.gguf", "float32", source=workspace)
+        rewrite_gguf(workspace / "plain.gguf", workspace / "model.gguf", fields, types)
 
     return setup
 
@@ -508,6 +525,10 @@ CATALOGUE = [
     Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "--init-from='llama' holds a model of vocab_size=65 (llama/config.json), fewer than the 70 tokens of its tokenizer (llama/tokenizer.json)", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
     Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
+    Case("gguf-not-a-gguf-file", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' is not a readable GGUF file (", write("model.gguf", "not a GGUF file\n")),
+    Case("gguf-architecture-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds general.architecture='phi3', which this model cannot compute (it reads gpt2, llama, qwen2, qwen3, stablelm)", gguf_file({"general.architecture": ("phi3", None, None)})),
+    Case("gguf-sentencepiece-tokenizer", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.model='llama' (SentencePiece): only llama.cpp's byte-level BPE", gguf_file({"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING, None)})),
+    Case("gguf-type-we-cannot-dequantize", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf: blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize", gguf_file(types={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.F64})),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=notes"], "train.init_from='notes' cannot be loaded: notes has no config.json", write_files("notes/README.md")),
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),

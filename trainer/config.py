@@ -171,7 +171,7 @@ class TrainConfig:
     eval_iters: int = 200  # batches per split in each evaluation
     eval_at_start: bool = True  # evaluate the untrained model before the first step (its loss: about ln(vocab_size))
     log_interval: int = 10  # steps between lines of metrics.jsonl; the last step is always logged
-    init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
+    init_from: str = "scratch"  # scratch, resume (out_dir's ckpt), a run or ckpt.pt, an HF folder or hub id, a GGUF
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
     block_size_schedule: str = ""  # "32:0.3": rows of 32 tokens for 30% of max_iters, then model.block_size; "" = off
