@@ -397,7 +397,8 @@ def end_of_turn(tokenizer: Tokenizer) -> list[int]:
     """The ids that end a reply: the special token the template writes after a reply's content
     (<|im_end|>, Llama 3's <|eot_id|>), and the template's eos_token; generation stops at any of them."""
     template = ChatTemplate.of(tokenizer)
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    messages = [{"role": "user", "content": hi} for hi in sample_words(tokenizer)]
+    messages[1]["role"] = "assistant"
     rendered = render_ids(template, tokenizer, messages, False, "a sample conversation")
     stops = []
     if rendered.contents is not None:
@@ -409,6 +410,16 @@ def end_of_turn(tokenizer: Tokenizer) -> list[int]:
     if eos is not None and eos not in stops:
         stops.append(eos)
     return stops
+
+
+def sample_words(tokenizer: Tokenizer) -> tuple[str, str]:
+    """Two words the tokenizer encodes, for a sample conversation: "Hi" and "Hello", or, for a
+    character vocabulary without their letters, two of its own letters."""
+    words = ("Hi", "Hello")
+    if not isinstance(tokenizer, CharTokenizer) or set("".join(words)) <= set(tokenizer.chars):
+        return words
+    letters = [ch for ch in tokenizer.chars if ch.isalpha()]
+    return (letters[0], letters[-1]) if letters else words
 
 
 def reply_span(template: ChatTemplate, messages: list, index: int, rendered: Rendered, where: str) -> tuple[int, int]:

@@ -417,3 +417,11 @@ def test_a_hub_record_reads_the_one_of_its_columns_that_is_not_null():
         {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
     ]  # fmt: skip
     assert check_conversation({"messages": CONVERSATIONS[0], "conversations": None}, "hub record 2") == CONVERSATIONS[0]
+
+
+def test_a_character_vocabulary_without_the_sample_words_finds_its_end_of_turn():
+    """end_of_turn renders a sample conversation to find the token after a reply: a character vocabulary
+    lacking the letters of its usual words ("Hi", "Hello") renders one of its own letters instead."""
+    tokenizer = chat_tokenizer(CharTokenizer("\nabeinrstu"))  # the built-in template's roles: no H, l or o
+    assert not set("Hello") <= set(tokenizer.chars)
+    assert end_of_turn(tokenizer) == [tokenizer.specials["<|im_end|>"]]

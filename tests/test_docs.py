@@ -43,7 +43,7 @@ from tests.conftest import PROJECT_ROOT, run_entry_point
 README = PROJECT_ROOT / "README.md"
 DOCS = sorted((PROJECT_ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
-README_MAX_BYTES = 15 * 1024
+README_MAX_BYTES = 10 * 1024
 
 PROGRAMS = ("python", "torchrun", "pip", "hf", "time", "/usr/bin/time")
 SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")  # NAME=value before a program
@@ -193,7 +193,7 @@ print(f'direct {d:.2f} ms, chosen (Gram form for the long ones) {g:.2f} ms, rati
 ] = "a timing of 80 runs on two threads: tens of seconds on a CPU shared with other work"
 
 
-# Memory (docs/benchmarks.md): GPT-2 124M's shape on a CPU, a forward pass of 8 x 1024 tokens and three
+# Memory (docs/benchmarks-history.md): GPT-2 124M's shape on a CPU, a forward pass of 8 x 1024 tokens and three
 # DDP steps: tens of seconds and some 3 GiB
 GPT2_MEMORY = "GPT-2 124M's shape on a CPU: tens of seconds and some 3 GiB (tests check the behaviour: test_residual_switches, test_distributed)"
 NOT_RUN[
@@ -223,7 +223,7 @@ print(f'peak RSS {before / 1024:,.0f} MiB after building, {resource.getrusage(re
 trainer.world.stop()\""""
 ] = GPT2_MEMORY
 
-# NorMuon's cost (docs/benchmarks.md): 440 training steps of the quickstart's model, half a minute
+# NorMuon's cost (docs/benchmarks-history.md): 440 training steps of the quickstart's model, half a minute
 # or more on a CPU shared with other work
 NOT_RUN[
     """python -c "
