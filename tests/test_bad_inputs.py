@@ -715,6 +715,7 @@ CATALOGUE = [
     Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
     # benchmarks: options checked in one place (bench/arguments.py) before anything is built or timed
     Case("bench-size-not-a-number", "bench/prepare.py", ["--megabytes", "nan"], "--megabytes=nan is not allowed (use a finite number above 0)"),
+    Case("bench-real-model-not-a-gguf-file", "bench/real_model.py", ["--gguf", "tiny.toml"], "--gguf='tiny.toml' is not a GGUF file (give a file ending in .gguf)"),
     # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
     Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
     Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),

