@@ -56,10 +56,10 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
-from inference.load import RUNS_ROOT, latest_run, load_model
-from inference.packed_linear import pack_linears, packing_unavailable
+from inference.batching import check_prompt
+from inference.load import RUNS_ROOT, add_model_arguments, latest_run, load_model
+from inference.packed_linear import prepare_products
 from model import GPT, generate, left_pad
-from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
@@ -77,16 +77,7 @@ def parse_args() -> argparse.Namespace:
         "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
     source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
-    model_source = parser.add_mutually_exclusive_group()
-    model_source.add_argument(
-        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
-    )
-    model_source.add_argument(
-        "--init-from",
-        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
-        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache, or a GGUF file "
-        "(MODEL.gguf, of llama.cpp, Ollama or LM Studio), dequantized",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--export",
         metavar="DIR",
@@ -149,13 +140,6 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
-    )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
     )
     parser.add_argument(
         "--no-cache",
@@ -226,19 +210,6 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     return prompts
 
 
-def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
-    """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
-    in float32 (see inference/packed_linear.py). Returns how the matrix products run, for the start-up
-    line."""
-    if compile:
-        return "nn.Linear products (torch.compile cannot trace packed layers)"
-    reason = packing_unavailable(device, dtype)
-    if reason is not None:
-        return f"nn.Linear products ({reason})"
-    pack_linears(model)
-    return "linear layers packed for oneDNN"
-
-
 def check_sample_counts(args: argparse.Namespace, samples: int, block_size: int, device: torch.device) -> None:
     """Refuse counts this run cannot honour before generating anything: more samples than one run
     draws, seeds past a generator's range (sample i is drawn with --seed + i), token ids that do
@@ -299,19 +270,7 @@ def main() -> None:
     rows = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)
-        if not prompt_ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
-            raise UserError(f"the prompt {prompt!r} encodes to no tokens: give a prompt with text the tokenizer keeps")
-        if len(prompt_ids) > block_size:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
-                f"tokens (shorten the prompt)"
-            )
-        if len(prompt_ids) < model.config.attn_block:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but a block-causal model (model.attn_block="
-                f"{model.config.attn_block}) predicts each block from the complete block before it (give a prompt of "
-                f"at least {model.config.attn_block} tokens)"
-            )
+        check_prompt(prompt, prompt_ids, model.config)
         rows += [(prompt, prompt_ids)] * args.num_samples
     print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from data.conversations import render_prompt  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from inference.packed_linear import pack_linears, packing_unavailable  # noqa: E402
+from inference.packed_linear import prepare_products  # noqa: E402
 from interop.families import family_for, hf_config, tensors_to_hf  # noqa: E402
 from interop.gguf import export_gguf  # noqa: E402
 from interop.pretrained import model_from_pretrained, special_tokens  # noqa: E402
@@ -116,10 +116,11 @@ def main() -> None:
         export = Path(folder) / "float32.gguf"
         if llama_cpp:
             export_gguf(model, tokenizer, export, "float32", source=args.gguf)
-        packed = model if packing_unavailable(torch.device("cpu"), torch.float32) else pack_linears(model)
+        products = prepare_products(model, torch.device("cpu"), torch.float32, compile=False)  # as sample.py does
+        print(f"ours: {products}", file=sys.stderr)
 
         def ours():
-            return [int(step[0]) for step in generate(packed, prompt, n, temperature=0)]
+            return [int(step[0]) for step in generate(model, prompt, n, temperature=0)]
 
         def theirs():
             with torch.no_grad():

@@ -94,6 +94,14 @@ def fit_history(messages: list[dict[str, str]], tokenizer: Tokenizer, room: int)
         turns, dropped = turns[2:], dropped + 2
 
 
+def reply_stops(tokenizer: Tokenizer) -> set[int]:
+    """The tokens a reply ends at: the template's end of turn, and the end of text."""
+    stops = set(end_of_turn(tokenizer))
+    if tokenizer.eot_token is not None:
+        stops.add(tokenizer.eot_token)
+    return stops
+
+
 def stream_reply(
     model: GPT,
     tokenizer: Tokenizer,
@@ -104,9 +112,7 @@ def stream_reply(
 ) -> tuple[str, bool]:
     """Generate a reply to the prompt, writing it to out as it comes; returns its text and whether it
     ended by itself (False: a Ctrl-C stopped it)."""
-    stops = set(end_of_turn(tokenizer))
-    if tokenizer.eot_token is not None:
-        stops.add(tokenizer.eot_token)
+    stops = reply_stops(tokenizer)
     markup = set(tokenizer.specials.values())  # a template's own tokens are not text: not shown, as transformers
     decoder = StreamDecoder(tokenizer, ())  # skips them in decode(..., skip_special_tokens=True)
     pieces = []

@@ -3,6 +3,7 @@ out/), a checkpoint file, or a Hugging Face model folder or hub id. sample.py, e
 lm-evaluation-harness model all load through here, and each says what it loaded with describe's
 words: which run, its step of how many, its last val loss, and whether it stopped early."""
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -16,6 +17,28 @@ from trainer.metrics import METRICS_NAME, read_metrics
 from trainer.runtime import check_fits_in_memory
 
 RUNS_ROOT = Path("out")  # where train.py writes runs by default, and where the newest is looked for
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick the model to load, as sample.py and serve.py take them: --out-dir or --init-from
+    (neither: the newest run), then --device and --dtype."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
+    )
+    source.add_argument(
+        "--init-from",
+        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
+        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache, or a GGUF file "
+        "(MODEL.gguf, of llama.cpp, Ollama or LM Studio), dequantized",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
+    )
 
 
 def load_model(

@@ -84,3 +84,16 @@ def pack_linears(model: nn.Module) -> nn.Module:
         parent_name, _, child_name = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child_name, PackedLinear(linear))
     return model
+
+
+def prepare_products(model: nn.Module, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
+    """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
+    in float32, unless the model is to be compiled. Returns how the matrix products run, for the
+    start-up line of sample.py and serve.py."""
+    if compile:
+        return "nn.Linear products (torch.compile cannot trace packed layers)"
+    reason = packing_unavailable(device, dtype)
+    if reason is not None:
+        return f"nn.Linear products ({reason})"
+    pack_linears(model)
+    return "linear layers packed for oneDNN"

@@ -177,15 +177,16 @@ def _encode(
     model: GPT, tokens: torch.Tensor, starts: list[int], length: int, cache, prefix: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode every row's context from position 0 in one forward pass: the window from the earliest
-    row start to `length`, with each row's earlier tokens as padding. Returns the logits and that
-    padding (None when there is none), which the following one-token steps pass on."""
+    row start to `length`, with each row's earlier tokens as padding. Returns the last position's
+    logits (B, 1, V): the output layer, the largest product, is computed for it alone; and that padding
+    (None when there is none), which the following one-token steps pass on."""
     first = min(starts)
     pad = None
     if any(start > first for start in starts):
         pad = torch.tensor([start - first for start in starts], device=tokens.device)  # (B,)
     if cache is not None:
         cache.reset()
-    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad, prefix=prefix)
+    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad, prefix=prefix, logits_to_keep=1)
     return logits, pad
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import struct
 import sys
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from trainer.loop import Trainer
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py, sample.py, eval.py, data/prepare.py, plot.py or a bench/ script
+    script: str  # the entry point: train.py, sample.py, serve.py, eval.py, data/prepare.py, plot.py or a bench/ script
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -306,6 +307,10 @@ def bpe_run_and_another_bpe_dataset(workspace: Path) -> None:
     config = tiny_config(workspace / "out" / "bpe", workspace / "data", data__dataset="notes", train__max_iters=1)
     Trainer(config).fit()
 
+
+# a port held for the session by a listening socket of this process: serve.py finds it in use
+BUSY_SOCKET = socket.create_server(("127.0.0.1", 0))
+BUSY_PORT = BUSY_SOCKET.getsockname()[1]
 
 TRAIN = ["--config", "tiny.toml"]
 RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
@@ -631,6 +636,19 @@ CATALOGUE = [
     Case("gguf-special-token-the-tokenizer-lacks", "sample.py", ["--init-from", "llama", "--export-gguf", "model.gguf"], "llama/tokenizer.json has no token '<s>', which tokenizer_config.json names as its bos_token (add the token to the tokenizer, or name one it has)", llama_dir_naming(bos_token="<s>")),
     # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
     Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
+    # ---- serve.py ----
+    # where it listens: checked before the model loads
+    Case("serve-port-out-of-range", "serve.py", ["--out-dir", "out/tiny", "--port", "70000"], "--port=70000 is not allowed (use 0 (a free port) to 65535)"),
+    Case("serve-port-in-use", "serve.py", ["--out-dir", "out/tiny", "--port", str(BUSY_PORT)], "is in use on 127.0.0.1 (choose another port, or 0 for a free one)"),
+    Case("serve-host-unknown", "serve.py", ["--out-dir", "out/tiny", "--host", "no-such-host.invalid", "--port", "0"], "--host='no-such-host.invalid' is neither an address nor a name this machine resolves"),
+    Case("serve-host-of-another-machine", "serve.py", ["--out-dir", "out/tiny", "--host", "192.0.2.1", "--port", "0"], "--host='192.0.2.1' is not an address of this machine (use 127.0.0.1, or 0.0.0.0 for all of them)"),
+    # the API key
+    Case("serve-api-key-file-missing", "serve.py", ["--out-dir", "out/tiny", "--api-key-file", "key.txt"], "--api-key-file='key.txt' does not exist (write the key to that file, or give it with --api-key)"),
+    Case("serve-api-key-file-empty", "serve.py", ["--out-dir", "out/tiny", "--api-key-file", "key.txt"], "--api-key-file='key.txt' holds no key (write the key in it as one line)", write("key.txt", "\n")),
+    Case("serve-api-key-with-a-space", "serve.py", ["--out-dir", "out/tiny", "--api-key", "two words"], "--api-key holds a key with a space or a character that is not printable ASCII"),
+    # limits and the model
+    Case("serve-no-rows", "serve.py", ["--out-dir", "out/tiny", "--max-batch", "0"], "--max-batch=0 is not allowed (use 1 to 1,024)"),
+    Case("serve-without-a-run", "serve.py", ["--out-dir", "out/missing", "--port", "0"], "no checkpoint at out/missing/ckpt.pt"),
     # ---- eval.py ----
     # evaluation: every item is checked before any is scored; --json is written only when every task is
     Case("eval-item-missing-a-field", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 2: field 'label' is missing", write("items.jsonl", ITEM + '{"ctx": "ROMEO:", "endings": ["a", "b"]}\n')),

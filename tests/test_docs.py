@@ -71,6 +71,7 @@ TOY_OVERRIDES = {
         "--train.compile=false",
     ],
     "bench/decode.py": ["--small", "--new-tokens=4", "--batch-sizes=1", "--no-compile"],
+    "bench/serve.py": ["--requests=2", "--max-tokens=2", "--clients", "1", "--threads=1"],
     "bench/attention.py": [
         "--block-size=64",
         "--batch-size=1",
@@ -141,6 +142,8 @@ NOT_RUN = {
     "python data/prepare.py --dataset data/chat_tasks/train.jsonl --chat --tokenizer out/shakespeare_char --block-size 64 --too-long truncate --out data/chat_shakespeare_char": "an earlier form of the README's command, whose folder the README has prepared",
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
+    # a server, which runs until it is stopped
+    "python serve.py --out-dir out/chat_shakespeare_char": "starts a server that runs until it is stopped (tests/test_server.py starts serve.py on a tiny chat run and speaks to it with OpenAI's client)",
     # llama.cpp's chat mode
     """python -c "
 from llama_cpp import Llama

@@ -135,7 +135,7 @@ class ScriptedModel:
         self.prompt_len = prompt_len
         self.config = GPTConfig(block_size=block_size)
 
-    def __call__(self, context: torch.Tensor, cache=None, pad=None, prefix=None):
+    def __call__(self, context: torch.Tensor, cache=None, pad=None, prefix=None, logits_to_keep=0):
         step = context.size(1) - self.prompt_len  # without a cache, the context is the whole sequence
         logits = torch.zeros(context.size(0), 1, VOCAB)
         logits[torch.arange(context.size(0)), 0, self.script[:, step]] = 1.0

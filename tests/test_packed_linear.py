@@ -6,8 +6,7 @@ import torch
 import torch.nn as nn
 
 import inference.packed_linear as packed_linear_module
-import sample
-from inference.packed_linear import PackedLinear, pack_linears, packing_unavailable
+from inference.packed_linear import PackedLinear, pack_linears, packing_unavailable, prepare_products
 from model import generate, left_pad
 from tests.conftest import tiny_model
 
@@ -121,17 +120,17 @@ def test_packing_a_model_off_the_cpu_is_refused_with_the_reason():
 
 def test_sampler_packs_on_a_cpu_but_not_for_a_compiled_step():
     model = tiny_model(VOCAB, BLOCK)
-    assert sample.prepare_products(model, CPU, torch.float32, compile=True) == (
+    assert prepare_products(model, CPU, torch.float32, compile=True) == (
         "nn.Linear products (torch.compile cannot trace packed layers)"
     )
     assert isinstance(model.lm_head, nn.Linear)
-    assert sample.prepare_products(model, CPU, torch.float32, compile=False) == "linear layers packed for oneDNN"
+    assert prepare_products(model, CPU, torch.float32, compile=False) == "linear layers packed for oneDNN"
     assert isinstance(model.lm_head, PackedLinear)
 
 
 def test_sampler_says_why_it_keeps_nn_linear_where_packing_is_unavailable(monkeypatch):
     monkeypatch.setattr(packed_linear_module.platform, "machine", lambda: "arm64")
     model = tiny_model(VOCAB, BLOCK)
-    note = sample.prepare_products(model, CPU, torch.float32, compile=False)
+    note = prepare_products(model, CPU, torch.float32, compile=False)
     assert note == "nn.Linear products (packing is for x86-64 CPUs, this one is arm64)"
     assert isinstance(model.lm_head, nn.Linear)
