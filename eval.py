@@ -47,7 +47,9 @@ def parse_args() -> argparse.Namespace:
         "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"
     )
     model_source.add_argument("--checkpoint", help="a checkpoint file written by train.py")
-    model_source.add_argument("--init-from", help="a Hugging Face model directory (as sample.py --init-from)")
+    model_source.add_argument(
+        "--init-from", help="a Hugging Face model directory or a GGUF file (as sample.py --init-from)"
+    )
     parser.add_argument(
         "--tasks", required=True, nargs="+", help="tasks, comma- or space-separated: NAME, NAME=FILE or FILE"
     )

@@ -4,6 +4,7 @@
     python sample.py --out-dir out/shakespeare_char --num-samples 3 --temperature 0.7
     python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
+    python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat   # a GGUF file of llama.cpp
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
     python sample.py --out-dir out/shakespeare_char --export-gguf shakespeare.gguf   # for llama.cpp
 

@@ -29,7 +29,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument(
         "--init-from",
         help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
-        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache",
+        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache, or a GGUF file "
+        "(MODEL.gguf, of llama.cpp, Ollama or LM Studio), dequantized",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument(

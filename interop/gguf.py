@@ -17,6 +17,7 @@ from pathlib import Path
 import gguf
 
 from data.files import check_output_file, make_dir
+from data.gguf_tokenizer import SPLIT_PATTERNS
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
 from interop.families import gguf_family_for
@@ -29,14 +30,6 @@ GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
 # vocabulary gets this one, of two 0xFF bytes (spelled ÿ), which UTF-8 text never holds, so it never applies
 NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
-# the split patterns of byte-level BPEs (their tokenizer.json's Split before a ByteLevel) and the llama.cpp
-# pre-tokenizer that splits as each does: Qwen2's (Qwen2.5, Qwen3; digits one at a time) and Llama 3's (up to three)
-SPLIT_PATTERNS = {
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen2",
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "llama-bpe",
-}  # fmt: skip
 # the id llama.cpp takes for the end of text (and the start) of a byte-level BPE whose file names none (its
 # llama-vocab.cpp's default): a character vocabulary without <|endoftext|> cannot tell it otherwise
 LLAMA_CPP_DEFAULT_EOS = 11
@@ -188,7 +181,8 @@ def _is_characters(state: dict) -> bool:
 
 def pre_tokenizer_name(state: dict, source: str) -> str:
     """The llama.cpp pre-tokenizer that splits text as a byte-level BPE's tokenizer.json does: GPT-2's
-    ByteLevel split ("gpt-2"), or a Split by one of SPLIT_PATTERNS before a plain ByteLevel. Another
+    ByteLevel split ("gpt-2"), SmolLM2's digits one at a time before it ("smollm"), or a Split by one of
+    SPLIT_PATTERNS before a plain ByteLevel. Another
     model, split or normalizer is refused by name. (Qwen2's NFC normalizer is let through, as
     llama.cpp's converter lets it: NFC leaves text alone unless it holds combining characters.)"""
     model = state.get("model") or {}
@@ -203,6 +197,8 @@ def pre_tokenizer_name(state: dict, source: str) -> str:
     name = None
     if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex"):
         name = "gpt-2"
+    elif len(steps) == 2 and [step.get("type") for step in steps] == ["Digits", "ByteLevel"]:  # SmolLM2's
+        name = "smollm" if steps[0].get("individual_digits") and steps[1].get("use_regex") else None
     elif len(steps) == 2 and [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
         split, byte_level = steps
         plain = split.get("behavior") == "Isolated" and not split.get("invert") and not byte_level.get("use_regex")
@@ -212,7 +208,7 @@ def pre_tokenizer_name(state: dict, source: str) -> str:
     if name is None:
         raise UserError(
             f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is none that "
-            f"llama.cpp reproduces here (GPT-2's ByteLevel split, Qwen2's or Llama 3's split pattern)"
+            f"llama.cpp reproduces here (GPT-2's ByteLevel split, SmolLM2's, Qwen2's or Llama 3's split pattern)"
         )
     if not all(char in byte_level_bytes() for token in model["vocab"] for char in token):
         raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")

@@ -10,6 +10,9 @@ TensorNameMap gives them, with three differences from a Hugging Face folder:
     adjacent RoPE: llama.cpp's "llama" turns features 2i and 2i+1 together where transformers turns
                    i and i + D/2, so each head's query and key rows are interleaved (permute_rope)
 
+and a stretched RoPE as llama.cpp's converter writes it: Llama 3's as the tensor rope_freqs.weight of
+the divisors of the plain frequencies (rope_freqs), YaRN as settings (add_model).
+
 Problems raise ValueError naming the switch or tensor.
 """
 
@@ -22,6 +25,7 @@ import torch
 
 from interop.families import CONVERSIONS, Family, _rows, _shapes
 from model import GPTConfig
+from model.rope import default_frequencies, rope_frequencies, yarn_attention_factor
 
 # the types a file's matrices are written in (sample.py --gguf-type), each with the file type the file
 # declares; norm weights and biases stay float32, as llama.cpp's own converter writes them (its kernels
@@ -62,34 +66,66 @@ def _stacked_name(template: str) -> str:
     return re.sub(r"\.\w+\.\{h\}", "", template)
 
 
+def gguf_layout(family: Family, config: GPTConfig):
+    """Each tensor the family's GGUF file holds for config, as (table row, whether our model has the
+    tensor, our name, the family's Hugging Face names of its parts, their GGUF names, heads): a part each,
+    or one stacked (heads, head_dim) tensor for StableLM's per-head norms. What export writes and
+    import reads."""
+    names = gguf.get_tensor_name_map(ARCHITECTURES[family.gguf.arch], config.n_layer)
+    for weight, present, ours, theirs, heads in _rows(family, config):
+        stacked = [_stacked_name(weight.theirs[0]).format(i=_block(ours))] if weight.convert == "per_head" else []
+        found = []
+        for their in stacked or theirs:
+            name = names.get_name(their, try_suffixes=(".weight", ".bias"))
+            if name is None:
+                raise ValueError(f"gguf's tensor map has no name for {family.model_type}'s {their}")
+            found.append(name)
+        yield weight, present, ours, theirs, found, heads
+
+
 def gguf_tensors(state: dict[str, torch.Tensor], config: GPTConfig, family: Family) -> dict[str, torch.Tensor]:
     """The GGUF tensors of the model (state's dtype), by name."""
-    names = gguf.get_tensor_name_map(ARCHITECTURES[family.gguf.arch], config.n_layer)
     shapes = _shapes(config, bias=True)
     tensors = {}
     dtype = state["transformer.wte.weight"].dtype
-    for weight, present, ours, theirs, heads in _rows(family, config):
+    for weight, present, ours, _, names, heads in gguf_layout(family, config):
         tensor = state[ours] if present else torch.zeros(shapes[ours], dtype=dtype)
         if weight.convert == "per_head":
-            theirs, parts = [_stacked_name(weight.theirs[0]).format(i=_block(ours))], [tensor.expand(heads, -1)]
+            parts = [tensor.expand(heads, -1)]
         elif weight.convert == "conv1d":
             parts = [tensor]
         else:
             parts = CONVERSIONS[weight.convert].to_theirs(tensor, config, heads)
-        for their, part in zip(theirs, parts, strict=True):
-            name = names.get_name(their, try_suffixes=(".weight", ".bias"))
-            if name is None:
-                raise ValueError(f"gguf's tensor map has no name for {family.model_type}'s {their}")
-            tensors[name] = part
+        tensors |= dict(zip(names, parts, strict=True))
     if family.gguf.adjacent_rope:
         for name in list(tensors):
-            kind = re.search(r"\.attn_([qk])\.", name)
-            if kind:
-                heads = config.n_head if kind.group(1) == "q" else config.kv_heads
+            heads = query_or_key_heads(name, config)
+            if heads:
                 tensors[name] = permute_rope(tensors[name], heads)
     if family.gguf.output_required and config.tie_embeddings:
         tensors["output.weight"] = tensors["token_embd.weight"]
+    if config.pos_emb == "rope" and config.rope_scaling == "llama3":
+        tensors[ROPE_FREQS] = rope_freqs(config)
     return {name: tensor.contiguous() for name, tensor in tensors.items()}
+
+
+def query_or_key_heads(name: str, config: GPTConfig) -> int:
+    """The heads of a GGUF tensor of queries (n_head) or keys (kv_heads), whose rows llama.cpp's "llama"
+    keeps in its adjacent RoPE order; 0 for any other tensor."""
+    kind = re.search(r"\.attn_([qk])\.", name)
+    return 0 if kind is None else config.n_head if kind.group(1) == "q" else config.kv_heads
+
+
+ROPE_FREQS = "rope_freqs.weight"  # Llama 3's stretched RoPE, in a GGUF file
+# its settings as this export records them beside the table, which alone does not fix them (interop/gguf_read.py):
+# rope_factor, rope_low_freq_factor, rope_high_freq_factor, rope_original_context (llama.cpp reads the table only)
+LLAMA3_ROPE_KEY = "export.llama3_rope"
+
+
+def rope_freqs(config: GPTConfig) -> torch.Tensor:
+    """(head_size / 2,) float32: what llama.cpp divides each plain frequency base^(-2i/D) by to turn a
+    pair as config's stretched table does (1 where a frequency is kept, rope_factor where divided)."""
+    return default_frequencies(config.rope_base, config.head_size) / rope_frequencies(config)[0]
 
 
 def _block(name: str) -> int:
@@ -113,6 +149,18 @@ def add_model(writer: "gguf.GGUFWriter", config: GPTConfig, family: Family, name
     if config.pos_emb == "rope":
         writer.add_rope_dimension_count(config.head_size)
         writer.add_rope_freq_base(config.rope_base)
+    if config.pos_emb == "rope" and config.rope_scaling == "llama3":
+        numbers = [config.rope_factor, config.rope_low_freq_factor, config.rope_high_freq_factor]
+        numbers.append(float(config.rope_original_context))
+        writer.add_key_value(LLAMA3_ROPE_KEY, numbers, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.FLOAT64)
+    if config.pos_emb == "rope" and config.rope_scaling == "yarn":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(config.rope_factor)
+        writer.add_rope_scaling_orig_ctx_len(config.rope_original_context)
+        if config.rope_attention_factor:  # llama.cpp multiplies its own 0.1 ln(factor) + 1 by this
+            writer.add_rope_scaling_attn_factors(
+                config.rope_attention_factor / yarn_attention_factor(config.rope_factor)
+            )
     if config.norm == "rmsnorm":
         writer.add_layer_norm_rms_eps(config.norm_eps)
     else:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import gguf
 import pytest
 import torch
 
@@ -213,6 +214,22 @@ def llama_dir_naming(**names: str) -> Callable[[Path], None]:
         path = workspace / "llama" / "tokenizer_config.json"
         template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
         path.write_text(json.dumps(json.loads(path.read_text()) | {"chat_template": template, **names}))
+
+    return setup
+
+
+def gguf_file(fields: dict | None = None, types: dict | None = None) -> Callable[[Path], None]:
+    """model.gguf: a tiny Qwen2 model as sample.py --export-gguf writes it, with metadata (key -> (value,
+    type, sub type)) and tensor types changed as another program might write them."""
+
+    def setup(workspace: Path) -> None:
+        from interop.gguf import export_gguf
+        from tests.test_gguf import rewrite_gguf
+
+        model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True)
+        tokenizer = CharTokenizer("".join(chr(32 + i) for i in range(65)))
+        export_gguf(model, tokenizer, workspace / "plain.gguf", "float32", source=workspace)
+        rewrite_gguf(workspace / "plain.gguf", workspace / "model.gguf", fields, types)
 
     return setup
 
@@ -454,7 +471,7 @@ CATALOGUE = [
     Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
     Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # GPT-2 directories
-    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
+    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen2, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=notes"], "train.init_from='notes' cannot be loaded: notes has no config.json", write_files("notes/README.md")),
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
@@ -603,10 +620,16 @@ CATALOGUE = [
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
     Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.mlp.c_fc.weight holds 4,096 NaN and 0 infinite values (of 4,096)", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
     Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
-    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
+    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='linear'; this model computes only 'default' or 'llama3' or 'yarn'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 4.0}))),
     Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "--init-from='llama' holds a model of vocab_size=65 (llama/config.json), fewer than the 70 tokens of its tokenizer (llama/tokenizer.json)", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
     Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
+    Case("gguf-not-a-gguf-file", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' is not a readable GGUF file (", write("model.gguf", "not a GGUF file\n")),
+    Case("gguf-architecture-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds general.architecture='phi3', which this model cannot compute (it reads gpt2, llama, qwen2, qwen3, stablelm)", gguf_file({"general.architecture": ("phi3", None, None)})),
+    Case("gguf-sentencepiece-tokenizer", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.model='llama' (SentencePiece): only llama.cpp's byte-level BPE", gguf_file({"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING, None)})),
+    Case("gguf-pre-tokenizer-we-cannot-rebuild", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.pre='deepseek-llm', a split before BPE this reader does not rebuild", gguf_file({"tokenizer.ggml.pre": ("deepseek-llm", gguf.GGUFValueType.STRING, None)})),
+    Case("gguf-type-we-cannot-dequantize", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf: blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize", gguf_file(types={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.F64})),
+    Case("gguf-rope-stretch-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf sets qwen2.rope.scaling.type='longrope', a stretched RoPE this model does not compute (it computes yarn, and Llama 3's rope_freqs.weight)", gguf_file({"qwen2.rope.scaling.type": ("longrope", gguf.GGUFValueType.STRING, None)})),
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
@@ -648,7 +671,7 @@ CATALOGUE = [
     Case("gguf-type-with-dtype", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--gguf-type", "Q4_0", "--dtype", "float16"], "--gguf-type=Q4_0 and --dtype=float16 both say how the file's matrices are stored (give one of them: --gguf-type F16 is --dtype float16)"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-package-not-installed", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "this needs the Python package gguf, which is not installed here: pip install gguf (or pip install -e . in the checkout)", not_installed="gguf"),
-    Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen2, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
     Case("gguf-special-token-the-tokenizer-lacks", "sample.py", ["--init-from", "llama", "--export-gguf", "model.gguf"], "llama/tokenizer.json has no token '<s>', which tokenizer_config.json names as its bos_token (add the token to the tokenizer, or name one it has)", llama_dir_naming(bos_token="<s>")),
     # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
     Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
@@ -750,6 +773,7 @@ CATALOGUE = [
     Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
     # benchmarks: options checked in one place (bench/arguments.py) before anything is built or timed
     Case("bench-size-not-a-number", "bench/prepare.py", ["--megabytes", "nan"], "--megabytes=nan is not allowed (use a finite number above 0)"),
+    Case("bench-real-model-not-a-gguf-file", "bench/real_model.py", ["--gguf", "tiny.toml"], "--gguf='tiny.toml' is not a GGUF file (give a file ending in .gguf)"),
     # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
     Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
     Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),

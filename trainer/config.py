@@ -171,7 +171,7 @@ class TrainConfig:
     eval_iters: int = 200  # batches per split in each evaluation
     eval_at_start: bool = True  # evaluate the untrained model before the first step (its loss: about ln(vocab_size))
     log_interval: int = 10  # steps between lines of metrics.jsonl; the last step is always logged
-    init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
+    init_from: str = "scratch"  # scratch, resume (out_dir's ckpt), a run or ckpt.pt, an HF folder or hub id, a GGUF
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
     join_timeout: float = 300.0  # under torchrun: seconds the processes wait for each other at the start (1 .. 86,400)
@@ -435,6 +435,20 @@ def _uses_muon(cfg: Config) -> bool:
 # default where that setting does not hold, such a key does nothing, and idle_keys names it
 ACTS_ONLY_WITH = {
     "model.rope_base": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    "model.rope_scaling": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling != "none", "model.rope_scaling='llama3' or 'yarn'")
+        for name in ("factor", "original_context")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "llama3", "model.rope_scaling='llama3'")
+        for name in ("low_freq_factor", "high_freq_factor")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "yarn", "model.rope_scaling='yarn'")
+        for name in ("beta_fast", "beta_slow", "attention_factor", "truncate")
+    },
+    "model.qkv_bias": (lambda cfg: not cfg.model.bias, "model.bias=false: bias=true already has them"),
     "model.attn_window": (
         lambda cfg: cfg.model.attn_window < cfg.model.block_size,
         "a value below model.block_size: a query never sees more than block_size positions",
