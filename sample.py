@@ -60,9 +60,8 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
-from inference.batching import check_prompt
 from inference.decode_step import PRECISION_CHOICES, DecodeStep, Decoding, check_precision, prepare_decoding
-from inference.load import RUNS_ROOT, add_model_arguments, latest_run, load_model
+from inference.load import RUNS_ROOT, add_model_arguments, check_prompt, latest_run, load_model
 from model import GPT, generate, left_pad
 from trainer.config import MAX_THREADS
 from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype, set_threads

@@ -30,32 +30,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from errors import UserError
-from model import GPT, GPTConfig, KVCache, generate, sample_next_token
+from model import GPT, KVCache, generate, sample_next_token
 from model.generate import slide_context
 from model.kv_cache import RollingKVCache
-
-
-class PromptTooLong(UserError):
-    """A prompt of more tokens than the model's context."""
-
-
-def check_prompt(prompt: str, ids: list[int], config: GPTConfig) -> None:
-    """A prompt's ids are what `generate` takes: 1 to block_size of them, and a whole block for a
-    block-causal model; else a UserError naming the prompt (PromptTooLong past the context)."""
-    if not ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
-        raise UserError(f"the prompt {prompt!r:.60} encodes to no tokens: give a prompt with text the tokenizer keeps")
-    if len(ids) > config.block_size:
-        raise PromptTooLong(
-            f"the prompt is {len(ids)} tokens but the model's context is block_size={config.block_size} "
-            f"tokens (shorten the prompt)"
-        )
-    if len(ids) < config.attn_block:
-        raise UserError(
-            f"the prompt is {len(ids)} tokens but a block-causal model (model.attn_block={config.attn_block}) "
-            f"predicts each block from the complete block before it (give a prompt of at least {config.attn_block} "
-            f"tokens)"
-        )
 
 
 @dataclass

@@ -36,8 +36,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from data.conversations import render_prompt
 from data.tokenizer import Tokenizer
 from errors import UserError
-from inference.batching import PromptTooLong, check_prompt
 from inference.chat import prompt_room
+from inference.load import PromptTooLong, check_prompt
 from model import GPTConfig
 from server.engine import Choice, Engine, EngineFailure, Job, ShuttingDown
 from server.protocol import SEEDS, Answer, APIError, ChatRequest, CompletionRequest, Sampling, Usage, limited
