@@ -268,8 +268,9 @@ def llama_runs(ours: GPT, folder: Path, args: argparse.Namespace, batch_size: in
     return runs
 
 
-def time_rows(rows: list[Row], device: torch.device, repeats: int, new_tokens: int) -> None:
-    """Each row once untimed, then `repeats` rounds over all of them, every other round in reverse."""
+def time_rows(rows: list[Row], device: torch.device, repeats: int, round_done=lambda: None) -> None:
+    """Each row once untimed, then `repeats` rounds over all of them, every other round in reverse;
+    round_done() after each round (a run stopped midway keeps the rounds it finished)."""
     for row in rows:
         row.first_seconds, row.tokens = timed(row.run, device)[:2]
         print(f"  {row.implementation}, {row.products}: first call {row.first_seconds:.2f} s", file=sys.stderr)
@@ -278,6 +279,7 @@ def time_rows(rows: list[Row], device: torch.device, repeats: int, new_tokens: i
             seconds, _, cpu_seconds = timed(row.run, device)
             row.seconds.append(seconds)
             row.cpu_seconds.append(cpu_seconds)
+        round_done()
 
 
 def timed(run, device: torch.device) -> tuple[float, object, float]:
@@ -316,14 +318,17 @@ def main() -> None:
             llama = llama_runs(ours, Path(folder), args, batch_size)
             rows = rows_for(ours, reference, llama, prompt.to(device), args)
             print(f"batch {batch_size}:", file=sys.stderr)
-            time_rows(rows, device, args.repeats, args.new_tokens)
+
+            def save(timed_so_far=table + [(batch_size, row) for row in rows]) -> None:
+                """The rows timed so far, for a run stopped at a deadline (bench/gpu.py's parts)."""
+                if args.json:
+                    rows_json = json_rows(timed_so_far, args.new_tokens)
+                    write_json(args.json, dict(new_tokens=args.new_tokens, rows=rows_json, complete=False))
+
+            time_rows(rows, device, args.repeats, round_done=save)
             for greedy in llama.values():
                 greedy.close()
             table += [(batch_size, row) for row in rows]
-            if args.json:
-                write_json(
-                    args.json, dict(new_tokens=args.new_tokens, rows=json_rows(table, args.new_tokens), complete=False)
-                )
     print_table(table, args.new_tokens)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}", file=sys.stderr)
     tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table
