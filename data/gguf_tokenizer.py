@@ -9,14 +9,19 @@ user-defined ones (type 4) added tokens. SentencePiece vocabularies (tokenizer.g
 2, Mistral, TinyLlama) and other splits are refused by name.
 """
 
+from __future__ import annotations
+
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import gguf
 import numpy as np
 
 from data.tokenizer import JsonTokenizer, byte_level_bytes
 from errors import UserError
+
+if TYPE_CHECKING:  # gguf is imported where a file is read: a folder's model needs none of it
+    import gguf
 
 GGUF_SUFFIX = ".gguf"
 # the split patterns of byte-level BPEs (a tokenizer.json's Split before a ByteLevel) and the llama.cpp
@@ -55,6 +60,8 @@ def open_gguf(path: Path, key: str) -> gguf.GGUFReader:
     is a UserError naming key and path."""
     if not Path(path).is_file():
         raise UserError(f"{key}={str(path)!r} is not a file (give a .gguf file from llama.cpp, Ollama or LM Studio)")
+    import gguf
+
     try:
         return gguf.GGUFReader(path)
     except Exception as e:  # a damaged or foreign file fails GGUFReader in many ways; each means "not readable"
@@ -69,6 +76,8 @@ def field(reader: gguf.GGUFReader, key: str, default: object = None) -> object:
         return default
     entry = reader.fields[key]
     value = entry.contents()
+    import gguf  # loaded already: the reader is gguf's
+
     if entry.types == [gguf.GGUFValueType.FLOAT32]:
         value = float(str(np.float32(value)))
     return value

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gguf
 import pytest
 import torch
 
@@ -220,16 +219,24 @@ def llama_dir_naming(**names: str) -> Callable[[Path], None]:
 
 def gguf_file(fields: dict | None = None, types: dict | None = None) -> Callable[[Path], None]:
     """model.gguf: a tiny Qwen2 model as sample.py --export-gguf writes it, with metadata (key -> (value,
-    type, sub type)) and tensor types changed as another program might write them."""
+    type, sub type)) and tensor types changed as another program might write them; types by their names in
+    gguf's GGUFValueType and GGMLQuantizationType (gguf is imported when the file is made)."""
 
     def setup(workspace: Path) -> None:
+        import gguf
+
         from interop.gguf import export_gguf
         from tests.test_gguf import rewrite_gguf
+
+        named = {
+            key: (value, kind and gguf.GGUFValueType[kind], sub) for key, (value, kind, sub) in (fields or {}).items()
+        }
+        tensor_types = {name: gguf.GGMLQuantizationType[kind] for name, kind in (types or {}).items()}
 
         model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True)
         tokenizer = CharTokenizer("".join(chr(32 + i) for i in range(65)))
         export_gguf(model, tokenizer, workspace / "plain.gguf", "float32", source=workspace)
-        rewrite_gguf(workspace / "plain.gguf", workspace / "model.gguf", fields, types)
+        rewrite_gguf(workspace / "plain.gguf", workspace / "model.gguf", named or None, tensor_types or None)
 
     return setup
 
@@ -626,10 +633,10 @@ CATALOGUE = [
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
     Case("gguf-not-a-gguf-file", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' is not a readable GGUF file (", write("model.gguf", "not a GGUF file\n")),
     Case("gguf-architecture-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds general.architecture='phi3', which this model cannot compute (it reads gpt2, llama, qwen2, qwen3, stablelm)", gguf_file({"general.architecture": ("phi3", None, None)})),
-    Case("gguf-sentencepiece-tokenizer", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.model='llama' (SentencePiece): only llama.cpp's byte-level BPE", gguf_file({"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING, None)})),
-    Case("gguf-pre-tokenizer-we-cannot-rebuild", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.pre='deepseek-llm', a split before BPE this reader does not rebuild", gguf_file({"tokenizer.ggml.pre": ("deepseek-llm", gguf.GGUFValueType.STRING, None)})),
-    Case("gguf-type-we-cannot-dequantize", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf: blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize", gguf_file(types={"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.F64})),
-    Case("gguf-rope-stretch-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf sets qwen2.rope.scaling.type='longrope', a stretched RoPE this model does not compute (it computes yarn, and Llama 3's rope_freqs.weight)", gguf_file({"qwen2.rope.scaling.type": ("longrope", gguf.GGUFValueType.STRING, None)})),
+    Case("gguf-sentencepiece-tokenizer", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.model='llama' (SentencePiece): only llama.cpp's byte-level BPE", gguf_file({"tokenizer.ggml.model": ("llama", "STRING", None)})),
+    Case("gguf-pre-tokenizer-we-cannot-rebuild", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.pre='deepseek-llm', a split before BPE this reader does not rebuild", gguf_file({"tokenizer.ggml.pre": ("deepseek-llm", "STRING", None)})),
+    Case("gguf-type-we-cannot-dequantize", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf: blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize", gguf_file(types={"blk.0.ffn_up.weight": "F64"})),
+    Case("gguf-rope-stretch-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf sets qwen2.rope.scaling.type='longrope', a stretched RoPE this model does not compute (it computes yarn, and Llama 3's rope_freqs.weight)", gguf_file({"qwen2.rope.scaling.type": ("longrope", "STRING", None)})),
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
