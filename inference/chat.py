@@ -161,14 +161,16 @@ def chat(
     read_line: Callable[[], str],
     system: str | None = None,
     first: str | None = None,
-    out: TextIO = sys.stdout,
-    notes: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    notes: TextIO | None = None,
 ) -> list[dict[str, str]]:
     """A conversation with the model: each line read_line returns is the user's turn (EOFError ends the
     session, KeyboardInterrupt twice in a row too; a blank line is passed over), and the reply is
-    streamed to out. With `first`, the model answers that one message and the session ends (sample.py
-    --chat --prompt). A blank `system` or `first` is a UserError (check_messages). Returns the
-    conversation as it was kept."""
+    streamed to out (standard output; notes to standard error), each looked up at the call, not at
+    import. With `first`, the model answers that one message and the session ends (sample.py --chat
+    --prompt). A blank `system` or `first` is a UserError (check_messages). Returns the conversation
+    as it was kept."""
+    out, notes = out or sys.stdout, notes or sys.stderr
     check_chat_model(tokenizer, "this run")
     check_messages(system, first)
     messages = [{"role": "system", "content": system}] if system is not None else []

@@ -98,6 +98,17 @@ def test_one_turn_with_first_answers_and_ends():
     assert out == "god\n" and [m["content"] for m in messages] == ["reverse: dog", "god"]
 
 
+def test_replies_and_notes_go_to_the_standard_streams_of_the_call_not_of_the_import(monkeypatch):
+    """chat() looks sys.stdout and sys.stderr up when called: a program (or a test) that replaces them
+    after importing it gets the reply, not the streams of the moment the module was first imported."""
+    model, tokenizer, _ = scripted("god")
+    out, notes = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", notes)
+    chat(model, tokenizer, GREEDY, torch.Generator().manual_seed(0), lines(), first="reverse: dog")
+    assert out.getvalue() == "god\n"
+
+
 def test_the_oldest_turns_leave_the_context_with_a_note_and_the_system_message_stays():
     model, tokenizer, script = scripted("a b c d e f", block_size=96)
     questions = [f"spell: {word}" for word in ("abcdef", "ghijkl", "mnopqr", "stuvwx")]
