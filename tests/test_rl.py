@@ -26,7 +26,7 @@ from errors import UserError
 from evals.evaluate import prompt_for
 from evals.tasks import load_task
 from inference.load import model_from_checkpoint
-from plot import Run, downstream_keys
+from plot import Run, downstream_keys, loss_figure
 from rl.policy_gradient import Sampled, answer_log_probs, group_advantages, pass_at
 from rl.rewards import checker
 from rl.rollout import Answer, sample_answers
@@ -365,7 +365,13 @@ def test_a_run_records_rewards_answers_and_held_out_pass_at_k_and_plot_draws_the
     out = capsys.readouterr().out
     assert "RL: 4 questions x 4 answers a step from" in out and "questions pass@1 " in out
     # plot.py loss draws the reward and pass@k beside the losses
-    assert downstream_keys([Run.read(str(run))]) == ["rl/reward", "rl/pass@1", "rl/pass@2", "rl/pass@3"]
+    # the loss is the policy-gradient objective: a panel of its own, not drawn against the val loss (cross-entropy)
+    drawn = Run.read(str(run))
+    assert downstream_keys([drawn]) == ["rl/loss", "rl/reward", "rl/pass@1", "rl/pass@2", "rl/pass@3"]
+    assert not any("loss" in r for r in drawn.records) and any("val_loss" in r for r in drawn.records)
+    train_ax, val_ax = loss_figure([drawn], "steps").axes[:2]
+    assert train_ax.get_title().startswith("[rl] policy-gradient loss") and len(train_ax.get_lines()[0].get_xdata())
+    assert val_ax.get_ylabel().startswith("cross-entropy") and not val_ax.get_shared_y_axes().joined(val_ax, train_ax)
     assert run_entry_point("plot.py", ["loss", str(run), "--out", str(tmp_path / "rl.png")], monkeypatch) == 0
     assert (tmp_path / "rl.png").stat().st_size > 0
 
