@@ -33,6 +33,7 @@ from pathlib import Path
 from data.files import check_output_file, is_json_object_with, write_output
 from errors import ArgumentParser, UserError, run_cli
 from evals.evaluate import evaluate_task, load_tasks, results_json, summary_lines
+from inference.decode_step import PRECISION_CHOICES, check_precision, prepare_decoding
 from inference.load import load_model
 from trainer.checkpoint import CHECKPOINT_NAME
 from trainer.config import task_specs
@@ -46,7 +47,9 @@ def parse_args() -> argparse.Namespace:
         "--out-dir", help="run directory holding ckpt.pt (default: the most recent run under out/)"
     )
     model_source.add_argument("--checkpoint", help="a checkpoint file written by train.py")
-    model_source.add_argument("--init-from", help="a Hugging Face model directory (as sample.py --init-from)")
+    model_source.add_argument(
+        "--init-from", help="a Hugging Face model directory or a GGUF file (as sample.py --init-from)"
+    )
     parser.add_argument(
         "--tasks", required=True, nargs="+", help="tasks, comma- or space-separated: NAME, NAME=FILE or FILE"
     )
@@ -68,6 +71,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     dtype_help = "the model is cast to this (default: float32; auto: bfloat16 or float16 on a GPU)"
     parser.add_argument("--dtype", default="float32", choices=("auto", *DTYPES), help=dtype_help)
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISION_CHOICES,
+        help="on an x86-64 CPU, the linear layers' weights in float32, float16, bfloat16 or int8, for every task, "
+        "as sample.py's --precision (auto: the model's dtype; docs/sampling.md)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args()
     args.tasks = task_specs(args.tasks)
@@ -103,12 +113,14 @@ def main() -> None:
         check_json_output(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    check_precision(args.precision, device, dtype, compile=False)  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load_model(args.out_dir, args.checkpoint, args.init_from)
     tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size, args.max_new_tokens)
     model.to(device=device, dtype=dtype)
-    print(f"evaluating {source} on {device.type}", file=sys.stderr)
+    decoding = prepare_decoding(model, device, args.precision, args.batch_size)
+    print(f"evaluating {source} on {device.type}, {decoding.description}", file=sys.stderr)
     results = [
-        evaluate_task(model, tokenizer, task, args.batch_size, progress=not args.no_progress, limit=args.limit)
+        evaluate_task(model, tokenizer, task, args.batch_size, not args.no_progress, args.limit, step=decoding.step)
         for task in tasks
     ]
     print("\n".join(summary_lines(results)))

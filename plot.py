@@ -13,13 +13,14 @@ evaluations against steps, tokens trained on or wall time, and prints a table of
 evaluation: val loss, bits per byte and wall time. Runs that scored [eval] tasks get a panel for
 each task's acc and one for the centred mean (eval.py's figures); a centred mean is the mean over
 one set of tasks, so where a run's set changes (an older run resumed with other [eval] tasks) its
-line breaks, and a note names the step. The loss panels' y range fits the losses logged after the
-first fifth of each run's own steps (the end of training, where runs are compared; step 0's
-loss, several times the final one, would flatten every difference), with a margin of 5%, and the
-picture's title says so; --from-step STEP fits it to the steps from STEP on instead, --full to every
-step, and --ylim LOW HIGH sets it. Every run has a colour and line
-style of its own, the same in every panel, for any number of runs; one legend below the panels
-names them, outside every panel, so it never hides a curve.
+line breaks, and a note names the step. An [rl] run's train loss, its policy-gradient objective and
+no cross-entropy, gets a panel of its own beside its reward and held-out pass@k. The loss panels' y
+range fits the losses logged after the first fifth of each run's own steps (the end of training,
+where runs are compared; step 0's loss, several times the final one, would flatten every
+difference), with a margin of 5%, and the picture's title says so; --from-step STEP fits it to the
+steps from STEP on instead, --full to every step, and --ylim LOW HIGH sets it. Every run has a
+colour and line style of its own, the same in every panel, for any number of runs; one legend below
+the panels names them, outside every panel, so it never hides a curve.
 
 `mask` draws which keys (columns) each query (rows) may attend to, from the same rule the model
 uses (model/masks.py): dark cells are allowed, light ones blocked. A prefix-LM picture shows a
@@ -62,6 +63,8 @@ X_AXES = {  # --x: what each choice of horizontal axis measures
     "time": "wall time since the run's first record (s)",
 }
 CENTRED_MEAN = "eval/centred_mean"
+RL_LOSS, RL_REWARD, RL_PASS = "rl/loss", "rl/reward", "rl/pass@"  # an [rl] run's figures (docs/rl.md)
+Y_LABELS = {CENTRED_MEAN: "centred mean (0 = chance)", RL_LOSS: "policy-gradient loss", RL_REWARD: "mean reward"}
 PALETTE = matplotlib.colormaps["tab10"].colors  # ten colours told apart at a glance
 LINE_STYLES = ["-", "--", ":", "-."]
 PANEL_SIZE = (6.0, 4.5)  # inches, one panel of plot.py loss
@@ -150,6 +153,8 @@ class Run:
             for record in read_metrics(metrics)
         ]
         cfg = load_config(str(path / "config.toml"), [])
+        if cfg.rl.task:  # an [rl] run's loss is its policy-gradient objective, no cross-entropy: a panel of its own
+            records = [{(RL_LOSS if key == "loss" else key): value for key, value in r.items()} for r in records]
         return cls(path.resolve().name, records, lambda step: tokens_before(step, cfg))
 
     def curve(self, key: str, x: str) -> tuple[list[float], list[float]]:
@@ -288,7 +293,10 @@ def loss_figure(runs: list[Run], x: str, ylim: tuple[float, float] | None = None
     """The train loss, the val loss and each [eval] figure in a panel of its own, at most three a row;
     each run keeps its colour and line style in every panel, and one legend below the panels names them.
     ylim: the loss panels' y range (None: Matplotlib's); heading: above the panels."""
-    figures = downstream_keys(runs)
+    # [rl] runs log a policy-gradient loss, no cross-entropy: when every run is one, it takes the train
+    # loss's panel, on a scale of its own (beside other runs it has a panel of its own)
+    rl_only = all(any(RL_LOSS in record for record in run.records) for run in runs)
+    figures = [key for key in downstream_keys(runs) if not (rl_only and key == RL_LOSS)]
     panels = 2 + len(figures)
     rows = -(-panels // 3)
     columns = -(-panels // rows)  # rows as even as they can be: four panels are two by two
@@ -302,25 +310,28 @@ def loss_figure(runs: list[Run], x: str, ylim: tuple[float, float] | None = None
         ax.remove()
     drawn = list(axes.flat[:panels])
     train_ax, val_ax, *eval_axes = drawn
-    val_ax.sharey(train_ax)
+    if not rl_only:
+        val_ax.sharey(train_ax)
     for run, style in zip(runs, run_styles(len(runs)), strict=True):
-        train_ax.plot(*run.curve("loss", x), linewidth=1, label=run.name, **style)
+        train_ax.plot(*run.curve(RL_LOSS if rl_only else "loss", x), linewidth=1, label=run.name, **style)
         val_ax.plot(*run.curve("val_loss", x), marker="o", markersize=3, label=run.name, **style)
         for ax, key in zip(eval_axes, figures, strict=True):
             ax.plot(*run.curve(key, x), marker="o", markersize=3, label=run.name, **style)
-    titles = ["train loss (each logged step)", "val loss (each evaluation)"]
-    titles += [f"[eval] {key.removeprefix('eval/')}" for key in figures]
+    titles = [figure_title(RL_LOSS) if rl_only else "train loss (each logged step)", "val loss (each evaluation)"]
+    titles += [figure_title(key) for key in figures]
     for ax, title in zip(drawn, titles, strict=True):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel(X_AXES[x])
         ax.grid(alpha=0.3)
-    train_ax.set_ylabel("cross-entropy (nats per token)")
+    (val_ax if rl_only else train_ax).set_ylabel("cross-entropy (nats per token)")
+    if rl_only:
+        train_ax.set_ylabel(Y_LABELS[RL_LOSS])
     if ylim is not None:
-        train_ax.set_ylim(ylim)  # the val panel shares it
+        (val_ax if rl_only else train_ax).set_ylim(ylim)  # else the val panel shares it
     if heading:
         fig.suptitle(heading, fontsize=9)
     for ax, key in zip(eval_axes, figures, strict=True):
-        ax.set_ylabel("centred mean (0 = chance)" if key == CENTRED_MEAN else "accuracy")
+        ax.set_ylabel(Y_LABELS.get(key, "share of questions" if key.startswith(RL_PASS) else "accuracy"))
     handles = train_ax.get_lines()  # one per run, in the runs' order
     fig.legend(handles, names, loc="outside lower center", ncols=legend_columns, fontsize=8)
     return fig
@@ -333,9 +344,28 @@ def legend_entry_width(names: list[str]) -> float:
 
 
 def downstream_keys(runs: list[Run]) -> list[str]:
-    """The [eval] figures the runs logged that are drawn: each task's acc, then the centred mean."""
-    keys = {key for run in runs for record in run.records for key in record if key.startswith("eval/")}
-    return sorted(key for key in keys if key.endswith("/acc")) + sorted(keys & {CENTRED_MEAN})
+    """The figures beside the losses that the runs logged and that are drawn: each [eval] task's acc,
+    then the centred mean; an [rl] run's loss, its mean reward, then its held-out pass@k by k."""
+    keys = {key for run in runs for record in run.records for key in record if key.startswith(("eval/", "rl/"))}
+    passes = sorted((key for key in keys if key.startswith(RL_PASS)), key=lambda key: int(key.removeprefix(RL_PASS)))
+    return (
+        sorted(key for key in keys if key.endswith("/acc"))
+        + sorted(keys & {CENTRED_MEAN})
+        + sorted(keys & {RL_LOSS})
+        + sorted(keys & {RL_REWARD})
+        + passes
+    )
+
+
+def figure_title(key: str) -> str:
+    """A panel's title for a figure of downstream_keys."""
+    if key == RL_LOSS:
+        return "[rl] policy-gradient loss (each logged step)"
+    if key == RL_REWARD:
+        return "[rl] mean reward (each logged step)"
+    if key.startswith(RL_PASS):
+        return f"[rl] held-out {key.removeprefix('rl/')}"
+    return f"[eval] {key.removeprefix('eval/')}"
 
 
 def print_table(header: list[str], rows: list[list[str]]) -> None:

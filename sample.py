@@ -4,6 +4,7 @@
     python sample.py --out-dir out/shakespeare_char --num-samples 3 --temperature 0.7
     python sample.py --init-from models/gpt2 --prompt-file prompts.txt --stop "\n\n"
     python sample.py --init-from HuggingFaceTB/SmolLM2-135M --prompt "The"   # a hub id, through the cache
+    python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat   # a GGUF file of llama.cpp
     python sample.py --out-dir out/shakespeare_char --export exported/   # for transformers
     python sample.py --out-dir out/shakespeare_char --export-gguf shakespeare.gguf   # for llama.cpp
 
@@ -16,12 +17,16 @@ StableLM or Mistral: docs/models.md), with its tokenizer as tokenizer.json; a mo
 computes is refused, naming the switch. The folder must be new, or hold none of the files the
 export writes and no other model: nothing in it is replaced.
 --export-gguf writes one GGUF file of the llama.cpp architecture that computes the model (gpt2,
-llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md).
+llama, qwen3 or stablelm), with its tokenizer and chat template (docs/shipping.md); --gguf-type Q8_0
+or Q4_0 writes its matrices quantized.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
-faster in float32 (not with --compile, which cannot trace them); the start-up line says which
-products are used.
+faster in float32 (not with --compile, which cannot trace them), and each step runs the model's
+arithmetic in fewer operations (inference/decode_step.py); the start-up line says which products and
+which step are used. --precision stores the linear layers' weights in fewer bytes, which read faster:
+float16 (about half float32's time a token, greedy text mostly unchanged), bfloat16 or int8, while
+the rest of the model stays in --dtype (docs/sampling.md says what each costs).
 The model sees at most block_size tokens: once a sample grows past that, the context slides, the
 last block_size // 2 tokens are encoded afresh and generation goes on, so each new token sees
 between block_size // 2 and block_size tokens. A prompt longer than block_size is an error.
@@ -55,11 +60,11 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
-from inference.load import RUNS_ROOT, latest_run, load_model
-from inference.packed_linear import pack_linears, packing_unavailable
+from inference.decode_step import DecodeStep, Decoding, check_precision, prepare_decoding
+from inference.load import RUNS_ROOT, add_model_arguments, check_prompt, latest_run, load_model
 from model import GPT, generate, left_pad
-from trainer.checkpoint import CHECKPOINT_NAME
-from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype
+from trainer.config import MAX_THREADS
+from trainer.runtime import check_fits_in_memory, resolve_device, resolve_dtype, set_threads
 
 MAX_SAMPLES = 1_000_000  # samples in one run (prompts x --num-samples); a larger job is several runs
 SEEDS = 2**64  # a torch generator takes seeds 0 .. 2**64 - 1
@@ -76,15 +81,7 @@ def parse_args() -> argparse.Namespace:
         "(<|endoftext|> for GPT-2 BPE) or a newline where it has none (with --chat: the one message to answer)",
     )
     source.add_argument("--prompt-file", help="read prompts from this UTF-8 file, one per line (blank lines skipped)")
-    model_source = parser.add_mutually_exclusive_group()
-    model_source.add_argument(
-        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
-    )
-    model_source.add_argument(
-        "--init-from",
-        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
-        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache",
-    )
+    add_model_arguments(parser)
     parser.add_argument(
         "--export",
         metavar="DIR",
@@ -111,7 +108,7 @@ def parse_args() -> argparse.Namespace:
         "--export-gguf",
         metavar="FILE.gguf",
         help="write the model and its tokenizer to FILE.gguf for llama.cpp, Ollama or LM Studio (matrices in "
-        "--dtype: float32 for auto, float16 or bfloat16), and sample nothing; docs/shipping.md",
+        "--dtype: float32 for auto, float16 or bfloat16, or --gguf-type), and sample nothing; docs/shipping.md",
     )
     parser.add_argument(
         "--num-samples",
@@ -148,12 +145,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
     )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
     parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
+        "--threads",
+        type=int,
+        help="CPU threads for torch's operators; 0: one per core that other work leaves free, as train.threads=0 "
+        "(default: one per physical core)",
+    )
+    parser.add_argument(
+        "--gguf-type",
+        metavar="TYPE",
+        help="--export-gguf: the type of the file's matrices, F32, F16, BF16, or Q8_0 or Q4_0 (quantized by the "
+        "gguf package); default: --dtype's, F32 for auto (docs/shipping.md)",
     )
     parser.add_argument(
         "--no-cache",
@@ -173,6 +175,8 @@ def parse_args() -> argparse.Namespace:
             "at, e.g. --stop '\\n\\n', or leave --stop out)"
         )
     args.stop = [unescape(stop) for stop in args.stop]
+    if args.gguf_type is not None and args.export_gguf is None:
+        raise UserError(f"--gguf-type={args.gguf_type} applies to --export-gguf only (give --export-gguf FILE.gguf)")
     check_chat_options(args, parser)
     checks = [
         ("--num-samples", args.num_samples, args.num_samples >= 1, "1 or more"),
@@ -186,6 +190,7 @@ def parse_args() -> argparse.Namespace:
         ),
         ("--top-k", args.top_k, args.top_k >= 0, "0 (off) or more"),
         ("--top-p", args.top_p, 0 < args.top_p <= 1, "in (0, 1]"),
+        ("--threads", args.threads, args.threads is None or 0 <= args.threads <= MAX_THREADS, f"0 up to {MAX_THREADS}"),
     ]
     for flag, value, ok, accepted in checks:
         if not ok:
@@ -222,19 +227,6 @@ def read_prompts(args: argparse.Namespace, default: str) -> list[str]:
     if not prompts:
         raise UserError(f"--prompt-file={args.prompt_file!r} holds no prompt (write one per line)")
     return prompts
-
-
-def prepare_products(model: GPT, device: torch.device, dtype: torch.dtype, compile: bool) -> str:
-    """On an x86-64 CPU, pack the linear layers for oneDNN, which makes decoding 2 to 3 times faster
-    in float32 (see inference/packed_linear.py). Returns how the matrix products run, for the start-up
-    line."""
-    if compile:
-        return "nn.Linear products (torch.compile cannot trace packed layers)"
-    reason = packing_unavailable(device, dtype)
-    if reason is not None:
-        return f"nn.Linear products ({reason})"
-    pack_linears(model)
-    return "linear layers packed for oneDNN"
 
 
 def check_sample_counts(args: argparse.Namespace, samples: int, block_size: int, device: torch.device) -> None:
@@ -279,15 +271,17 @@ def main() -> None:
         return export(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    check_precision(args.precision, device, dtype, args.compile)  # before a model, perhaps a large download, is loaded
     if args.chat:  # the terminal chat's room (inference/chat.py): plain sampling never reads it
         from inference.chat import chat_in_terminal, check_messages
 
-        check_messages(args.system, args.prompt)  # before a model, perhaps a large download, is loaded
+        check_messages(args.system, args.prompt)
+    threads = None if args.threads is None else set_threads(args.threads, "--threads")
     model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
     model.to(device=device, dtype=dtype)
-    products = prepare_products(model, device, dtype, args.compile)
     if args.chat:
-        return chat_in_terminal(model, tokenizer, args, source, products)
+        decoding = prepare(model, device, args, batch_size=1)
+        return chat_in_terminal(model, tokenizer, args, source, describe(decoding, threads), decoding.step)
 
     prompts = read_prompts(
         args, default="\n" if tokenizer.eot_token is None else tokenizer.decode([tokenizer.eot_token])
@@ -297,25 +291,24 @@ def main() -> None:
     rows = []
     for prompt in prompts:
         prompt_ids = tokenizer.encode(prompt)
-        if not prompt_ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
-            raise UserError(f"the prompt {prompt!r} encodes to no tokens: give a prompt with text the tokenizer keeps")
-        if len(prompt_ids) > block_size:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but the model's context is block_size={block_size} "
-                f"tokens (shorten the prompt)"
-            )
-        if len(prompt_ids) < model.config.attn_block:
-            raise UserError(
-                f"the prompt is {len(prompt_ids)} tokens but a block-causal model (model.attn_block="
-                f"{model.config.attn_block}) predicts each block from the complete block before it (give a prompt of "
-                f"at least {model.config.attn_block} tokens)"
-            )
+        check_prompt(prompt, prompt_ids, model.config)
         rows += [(prompt, prompt_ids)] * args.num_samples
-    print(f"sampling from {source} on {device.type}, {products}", file=sys.stderr)
+    decoding = prepare(model, device, args, batch_size=min(args.batch_size, len(rows)))
+    print(f"sampling from {source} on {device.type}, {describe(decoding, threads)}", file=sys.stderr)
     for first in range(0, len(rows), args.batch_size):
         batch = rows[first : first + args.batch_size]
         generators = [torch.Generator(device=device).manual_seed(args.seed + first + i) for i in range(len(batch))]
-        write_samples(model, tokenizer, batch, args, generators, separate=first > 0)
+        write_samples(model, tokenizer, batch, args, generators, separate=first > 0, step=decoding.step)
+
+
+def prepare(model: GPT, device: torch.device, args: argparse.Namespace, batch_size: int) -> Decoding:
+    """The model made ready to decode batch_size rows at a time as the options ask (inference/decode_step.py)."""
+    return prepare_decoding(model, device, args.precision, batch_size, args.compile, use_cache=not args.no_cache)
+
+
+def describe(decoding: Decoding, threads: str | None) -> str:
+    """How decoding runs, and the threads --threads=0 chose, for the start-up line."""
+    return decoding.description + ("" if threads is None else f"; {threads}")
 
 
 def export(args: argparse.Namespace) -> None:
@@ -326,7 +319,7 @@ def export(args: argparse.Namespace) -> None:
         from interop.gguf import write_gguf
 
         load = functools.partial(load_model, args.out_dir, init_from=args.init_from)  # after the path's checks
-        write_gguf(Path(args.export_gguf), args.dtype, load, also=args.export)
+        write_gguf(Path(args.export_gguf), args.dtype, args.gguf_type, load, also=args.export)
         return
     resolve_dtype(args.dtype, resolve_device(args.device, key="--device"), key="--dtype")  # refused as when sampling
     if args.export_adapter is not None:
@@ -350,9 +343,10 @@ def write_samples(
     args: argparse.Namespace,
     generators: list[torch.Generator],
     separate: bool,
+    step: DecodeStep | None = None,
 ) -> None:
     """Generate one sample per row and write each to stdout, after a separator line from the previous
-    one; a lone row is streamed token by token."""
+    one; a lone row is streamed token by token. step: the one-token step (None: the model's forward)."""
     device = generators[0].device
     prompt_batch, pad = left_pad([prompt_ids for _, prompt_ids in rows], device)
     decoders = [StreamDecoder(tokenizer, tuple(args.stop)) for _ in rows]
@@ -373,6 +367,7 @@ def write_samples(
         use_cache=not args.no_cache,
         pad=pad,
         compile=args.compile,
+        step=step,
     )
     done = [False] * len(rows)
     for tokens in steps:

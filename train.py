@@ -22,7 +22,7 @@ from typing import NoReturn
 from data.corpus import ensure_prepared
 from errors import ArgumentParser, UserError, run_cli
 from trainer.config import config_help, load_config, override_keys
-from trainer.distributed import World
+from trainer.distributed import World, exit_process
 from trainer.loop import Trainer
 
 CONFIGS = Path(__file__).resolve().parent / "configs"
@@ -63,4 +63,4 @@ def main() -> NoReturn:
 
 
 if __name__ == "__main__":
-    run_cli(main, exit=World.from_env().exit)  # under torchrun, World.exit skips the interpreter's shutdown
+    run_cli(main, exit=exit_process)  # under torchrun, World.exit skips the interpreter's shutdown

@@ -185,6 +185,11 @@ def build_chat_tokenizer(spec: str, conversations: list[Conversation]) -> Tokeni
         return tokenizer if tokenizer.chat_template is not None else chat_tokenizer(tokenizer)
     if path.is_dir():
         return folder_chat_tokenizer(path)
+    if path.suffix == ".gguf":  # a GGUF file's tokenizer, with its own template where it has one
+        from data.gguf_tokenizer import gguf_tokenizer, open_gguf  # llama.cpp's files: the others need none of it
+
+        tokenizer = gguf_tokenizer(open_gguf(path, "--tokenizer"), spec)
+        return tokenizer if tokenizer.chat_template is not None else chat_tokenizer(tokenizer)
     return chat_tokenizer(JsonTokenizer.from_file(path))
 
 

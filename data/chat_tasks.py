@@ -17,7 +17,10 @@ Writes to --out:
 
 - train.jsonl and val.jsonl: conversations `{"messages": [{"role": "user", ...}, {"role":
   "assistant", ...}]}`;
-- heldout.jsonl: eval.py generation items `{"messages": [one user turn], "answer": ...}`.
+- heldout.jsonl: eval.py generation items `{"messages": [one user turn], "answer": ...}`;
+- questions.jsonl: questions left to training (--questions of them, drawn without repeats), as
+  generation items too: what an [rl] run samples answers to and rewards
+  (configs/chat_shakespeare_rl.toml).
 
 Every (task, word) pair is one question. The pairs are shuffled by --seed and dealt out: the
 held-out items first, then the validation conversations, the rest to training, so no held out
@@ -43,7 +46,7 @@ from errors import UserError, run_cli  # noqa: E402
 CORPUS = Path(__file__).resolve().parent / "tinyshakespeare.txt"
 WORD_LENGTHS = range(3, 9)  # letters in a word asked about: short enough to spell in one line
 NUMBER_WORDS = {3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
-FILES = ("train.jsonl", "val.jsonl", "heldout.jsonl")
+FILES = ("train.jsonl", "val.jsonl", "heldout.jsonl", "questions.jsonl")
 OUT = "data/chat_tasks"  # the default --out: where the chat quickstart (README.md) reads them
 
 
@@ -77,7 +80,9 @@ def turn(task: str, word: str) -> list[dict]:
     ]
 
 
-def make_sets(words: list[str], seed: int, n_train: int, n_val: int, n_heldout: int) -> dict[str, list[dict]]:
+def make_sets(
+    words: list[str], seed: int, n_train: int, n_val: int, n_heldout: int, n_questions: int = 2000
+) -> dict[str, list[dict]]:
     """The three files' records (see the module's docstring)."""
     rng = random.Random(seed)
     pairs = [(task, word) for word in words for task in TASKS]
@@ -90,8 +95,19 @@ def make_sets(words: list[str], seed: int, n_train: int, n_val: int, n_heldout: 
         )
     heldout, val, rest = pairs[:n_heldout], pairs[n_heldout : n_heldout + n_val], pairs[n_heldout + n_val :]
     train = [{"messages": turn(*rng.choice(rest))} for _ in range(n_train)]
-    held = [{"messages": turn(task, word)[:1], "answer": TASKS[task].answer(word)} for task, word in heldout]
-    return {"train.jsonl": train, "val.jsonl": [{"messages": turn(*pair)} for pair in val], "heldout.jsonl": held}
+    held = [question(task, word) for task, word in heldout]
+    questions = [question(task, word) for task, word in rest[:n_questions]]  # rest is shuffled already
+    return {
+        "train.jsonl": train,
+        "val.jsonl": [{"messages": turn(*pair)} for pair in val],
+        "heldout.jsonl": held,
+        "questions.jsonl": questions,
+    }
+
+
+def question(task: str, word: str) -> dict:
+    """One question as an eval.py generation item: the user's turn and the answer a reply must equal."""
+    return {"messages": turn(task, word)[:1], "answer": TASKS[task].answer(word)}
 
 
 def write_sets(out: Path, sets: dict[str, list[dict]]) -> None:
@@ -108,8 +124,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--train", type=int, default=20000, help="training conversations (default: 20000)")
     parser.add_argument("--val", type=int, default=500, help="validation conversations (default: 500)")
     parser.add_argument("--heldout", type=int, default=200, help="held-out eval.py items (default: 200)")
+    parser.add_argument(
+        "--questions", type=int, default=2000, help="training questions for an [rl] run, at most (default: 2000)"
+    )
     args = parser.parse_args()
-    for key in ("train", "val", "heldout"):
+    for key in ("train", "val", "heldout", "questions"):
         if getattr(args, key) < 1:
             raise UserError(f"--{key}={getattr(args, key)} is not allowed (use 1 or more)")
     return args
@@ -122,7 +141,7 @@ def main() -> None:
     present = [name for name in FILES if (out / name).exists()]
     if present:
         raise UserError(f"{out} already holds {', '.join(present)} (delete them or choose another --out)")
-    sets = make_sets(corpus_words(read_text(CORPUS)), args.seed, args.train, args.val, args.heldout)
+    sets = make_sets(corpus_words(read_text(CORPUS)), args.seed, args.train, args.val, args.heldout, args.questions)
     write_sets(out, sets)
     counts = ", ".join(f"{len(records):,} in {name}" for name, records in sets.items())
     print(f"wrote {counts} to {out}")

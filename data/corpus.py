@@ -164,6 +164,10 @@ def build_tokenizer(
         pieces, _ = corpus_pieces(corpus, val_fraction, seed, max_documents)  # a first pass over the corpus
         print(f"training a byte-level BPE of {vocab_size:,} tokens on the train split of {corpus.name}")
         return train_bpe((piece.text for piece in pieces if piece.split == TRAIN), vocab_size)
+    if Path(spec).suffix == ".gguf":
+        from data.gguf_tokenizer import gguf_tokenizer, open_gguf  # a GGUF file's own: the others need none of it
+
+        return gguf_tokenizer(open_gguf(Path(spec), "--tokenizer"), spec)
     return JsonTokenizer.from_file(Path(spec))
 
 

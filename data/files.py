@@ -244,6 +244,14 @@ def shipped_run(run_dir: Path) -> str | None:
     return f"it is the run of {config} (train it first: python train.py --config {config})"
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
+
+
+def is_hub_id(value: str) -> bool:
+    """owner/name that is not a path on this machine: a model or dataset on the Hugging Face hub."""
+    return bool(HUB_ID.match(value)) and not Path(value).exists()
+
+
 # ------------------------------------------------------------------------------------------- outputs
 # The one rule for every path a command writes (docs/bad-inputs.md, "Nothing overwritten or mixed
 # up"), checked before any work starts: a file is replaced only when it is an earlier output of the
@@ -312,11 +320,3 @@ def _same_file(path: Path, other: Path) -> bool:
         return os.path.samefile(path, other)
     except OSError:
         return False
-
-
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")  # owner/name
-
-
-def is_hub_id(value: str) -> bool:
-    """owner/name that is not a path on this machine: a model or dataset on the Hugging Face hub."""
-    return bool(HUB_ID.match(value)) and not Path(value).exists()

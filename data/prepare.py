@@ -5,6 +5,7 @@
     python data/prepare.py --dataset notes.txt --tokenizer bpe --vocab-size 4096 --out data/notes
     python data/prepare.py --dataset notes.txt --tokenizer models/qwen/tokenizer.json --out data/notes
     python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes   # a model folder's
+    python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes
     python data/prepare.py --dataset corpus/ --tokenizer gpt2 --out data/corpus --num-proc 2
     python data/prepare.py --dataset HuggingFaceFW/fineweb-edu --config-name sample-10BT \\
         --tokenizer gpt2 --out data/fineweb_edu --val-fraction 0.0005 --streaming
@@ -14,7 +15,7 @@
 or ShareGPT's {"conversations": [{"from", "value"}]}, a local .jsonl/.json file or a hub dataset. Each
 conversation is rendered through a chat template into one document, and OUT/train.mask.bin and
 OUT/val.mask.bin say, one byte per token, which tokens are trained (bit 0: --train-on) and where each
-conversation starts (bit 1). --tokenizer: a Hugging Face model folder (its own template), or char,
+conversation starts (bit 1). --tokenizer: a Hugging Face model folder or a GGUF file (its own template), or char,
 gpt2, a tokenizer.json, a prepared dataset folder or a run directory (their tokenizer, with the
 built-in template and its special tokens added after its ids). A conversation longer than
 --block-size tokens is refused, naming it, or cut to it with --too-long truncate (the count is printed);
@@ -180,7 +181,7 @@ def parse_args() -> argparse.Namespace:
         "--tokenizer",
         help="char, gpt2, bpe (a byte-level BPE trained on the train split, written to OUT/tokenizer.json) or the "
         "path of a tokenizer.json (a Hugging Face model folder's, or one trained before) or of a model folder "
-        "holding one (to fine-tune that model); bundled corpora have their own",
+        "holding one, or a GGUF file of llama.cpp (to fine-tune that model); bundled corpora have their own",
     )
     parser.add_argument(
         "--vocab-size",
@@ -258,7 +259,11 @@ def parse_args() -> argparse.Namespace:
         return args  # --tokenizer is read with the conversations (a folder is a model's, a dataset's or a run's)
     if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).is_dir():
         args.tokenizer = str(Path(args.tokenizer) / "tokenizer.json")  # a model folder: its own tokenizer
-    if args.tokenizer not in (None, *TOKENIZERS):
+    if args.tokenizer not in (None, *TOKENIZERS) and Path(args.tokenizer).suffix == ".gguf":
+        from data.gguf_tokenizer import gguf_tokenizer, open_gguf  # a GGUF file's tokenizer: the others need none
+
+        gguf_tokenizer(open_gguf(Path(args.tokenizer), "--tokenizer"), args.tokenizer)  # refused now, if it is none
+    elif args.tokenizer not in (None, *TOKENIZERS):
         JsonTokenizer.from_file(Path(args.tokenizer))  # refused now, before a long download, if it does not load
     return args
 

@@ -359,10 +359,11 @@ def generate_replies(
     batch_size: int,
     bar: tqdm | None = None,
     stop: StopCheck = None,
+    step: Callable | None = None,
 ) -> list[str]:
     """Each prompt's greedy reply, up to its first end token or stop string (stops(prompt)), or
     max_new_tokens. Batches of prompts of similar length, left padded: each row is generated exactly
-    as it would be alone (model/generate.py)."""
+    as it would be alone (model/generate.py). step: the one-token step (None: the model's forward)."""
     block_size = model.config.block_size
     device = model.transformer.wte.weight.device
     replies = [""] * len(prompts)
@@ -373,7 +374,10 @@ def generate_replies(
         decoders = [StreamDecoder(tokenizer, stops(prompts[i])) for i in rows]
         texts = [[] for _ in rows]
         ended = [False] * len(rows)
-        for tokens in generate(model, batch, max_new_tokens, temperature=0, vocab_size=tokenizer.vocab_size, pad=pad):
+        steps = generate(
+            model, batch, max_new_tokens, temperature=0, vocab_size=tokenizer.vocab_size, pad=pad, step=step
+        )
+        for tokens in steps:
             for row, (i, token) in enumerate(zip(rows, tokens.tolist(), strict=True)):
                 if ended[row]:
                     continue
@@ -393,10 +397,16 @@ def generate_replies(
 
 
 def evaluate_generation(
-    model: GPT, tokenizer: Tokenizer, task: Task, batch_size: int, progress: str | None = None, stop: StopCheck = None
+    model: GPT,
+    tokenizer: Tokenizer,
+    task: Task,
+    batch_size: int,
+    progress: str | None = None,
+    stop: StopCheck = None,
+    step: Callable | None = None,
 ) -> TaskResult:
     """Each figure of the task's Judge: the share of replies that equal their reference, compared as
-    the Judge says."""
+    the Judge says. step: the one-token step of the replies (None: the model's forward)."""
     judge = task.judge
     prompts = [prompt_for(tokenizer, item) for item in task.items]
 
@@ -404,7 +414,7 @@ def evaluate_generation(
         return judge.stops + ("\n",) if judge.first_line and not prompt.chat else judge.stops
 
     with tqdm(total=len(prompts), desc=progress, unit="question", disable=progress is None, leave=False) as bar:
-        replies = generate_replies(model, tokenizer, prompts, stops, judge.max_new_tokens, batch_size, bar, stop)
+        replies = generate_replies(model, tokenizer, prompts, stops, judge.max_new_tokens, batch_size, bar, stop, step)
     references = [judge.reference(item.answer) for item in task.items]
     right = {
         figure: [int(compared(reply) == reference) for reply, reference in zip(replies, references, strict=True)]
@@ -468,7 +478,7 @@ def _byte_count(tokenizer: Tokenizer, ids: np.ndarray) -> int:
     return int(sum(len(tokenizer.token_bytes(int(t))) * int(c) for t, c in zip(tokens, counts, strict=True)))
 
 
-EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze, "generation": evaluate_generation}
+EVALUATORS = {"choice": evaluate_choice, "cloze": evaluate_cloze}  # text and generation: evaluate_task
 
 
 def evaluate_task(
@@ -479,15 +489,19 @@ def evaluate_task(
     progress: bool = False,
     limit: int | None = None,
     stop: StopCheck = None,
+    step: Callable | None = None,
 ) -> TaskResult:
     """Score one task with the model in eval mode (put back as it was found); stop, if given, is asked
-    after every batch (True: EvaluationStopped)."""
+    after every batch (True: EvaluationStopped). step: the one-token step of generation tasks'
+    replies (inference/decode_step.py's; None: the model's forward)."""
     label = task.name if progress else None
     was_training = model.training
     model.eval()
     try:
         if task.kind == "text":
             return evaluate_text(model, tokenizer, task, batch_size, label, limit, stop)
+        if task.kind == "generation":
+            return evaluate_generation(model, tokenizer, task, batch_size, label, stop, step)
         return EVALUATORS[task.kind](model, tokenizer, task, batch_size, label, stop)
     finally:
         model.train(was_training)

@@ -389,21 +389,22 @@ def local_kind(record: dict) -> str:
     return "cloze" if "text" in record and "endings" not in record else "choice"
 
 
-def load_task(spec: str, limit: int | None = None, max_new_tokens: int | None = None) -> Task:
+def load_task(spec: str, limit: int | None = None, max_new_tokens: int | None = None, key: str = "--tasks") -> Task:
     """The task a --tasks entry names (see the module's docstring), its first `limit` items (text:
-    scoring windows) or all; max_new_tokens, if given, replaces a generation task's own."""
-    task = _load_task(spec, limit)
+    scoring windows) or all; max_new_tokens, if given, replaces a generation task's own. key: the option
+    or config key a refusal names as the one that gave spec."""
+    task = _load_task(spec, limit, key)
     if task.judge is not None and max_new_tokens is not None:
         task.judge = replace(task.judge, max_new_tokens=max_new_tokens)
     return task
 
 
-def _load_task(spec: str, limit: int | None) -> Task:
+def _load_task(spec: str, limit: int | None, key: str) -> Task:
     name, _, path = spec.partition("=")
     if path and not Path(spec).is_file():
         if name not in BUILTIN_TASKS:
             raise UserError(
-                f"--tasks {spec!r} is no file, and {name!r} is not a built-in task (NAME=FILE reads one of "
+                f"{key} {spec!r} is no file, and {name!r} is not a built-in task (NAME=FILE reads one of "
                 f"{', '.join(BUILTIN_TASKS)} from a local file)"
             )
         builtin = BUILTIN_TASKS[name]
@@ -418,7 +419,7 @@ def _load_task(spec: str, limit: int | None) -> Task:
     path = Path(spec)
     if not path.is_file():
         raise UserError(
-            f"--tasks {spec!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) nor a file "
+            f"{key} {spec!r} is neither a built-in task ({', '.join(BUILTIN_TASKS)}) nor a file "
             f"(give a .jsonl of multiple-choice, cloze or generation items, or a text file)"
         )
     if path.suffix != ".jsonl":

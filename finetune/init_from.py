@@ -29,7 +29,9 @@ KEPT_SWITCHES = (
 
 # what the folder decides of the model's shape, whatever the run's config says
 FOLDER_SHAPE = (
-    "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "rope_base", "bias",
+    "n_layer", "n_head", "n_embd", "head_dim", "vocab_size", "n_kv_head", "mlp_width", "norm_eps", "bias", "qkv_bias",
+    "rope_base", "rope_scaling", "rope_factor", "rope_original_context", "rope_low_freq_factor",
+    "rope_high_freq_factor", "rope_beta_fast", "rope_beta_slow", "rope_attention_factor", "rope_truncate",
 )  # fmt: skip
 
 
@@ -51,6 +53,8 @@ def with_pretrained_shape(cfg: Config, pretrained: Pretrained, dataset_meta: dic
     if not same_ids(tokenizer, tokenizer_from_meta(dataset_meta)):
         made_with = TOKENIZER_NAME if isinstance(tokenizer, JsonTokenizer) else "GPT-2 BPE"
         prepare = pretrained.directory / TOKENIZER_NAME if made_with == TOKENIZER_NAME else "gpt2"
+        if pretrained.tokenizer is not None:  # a GGUF file's
+            made_with, prepare = "tokenizer", pretrained.directory
         raise UserError(
             f"train.init_from={source!r} holds a model that reads the ids of its {made_with}, but "
             f"data.dataset={cfg.data.dataset!r} was prepared with another tokenizer ({dataset_meta['tokenizer']!r}) "

@@ -41,6 +41,7 @@ class Sampling:
     top_p: float = 1.0
     use_cache: bool = True
     compile: bool = False
+    step: Callable | None = None  # the one-token step (inference/decode_step.py); None: the model's forward
 
 
 def check_chat_model(tokenizer: Tokenizer, source: object) -> None:
@@ -94,6 +95,14 @@ def fit_history(messages: list[dict[str, str]], tokenizer: Tokenizer, room: int)
         turns, dropped = turns[2:], dropped + 2
 
 
+def reply_stops(tokenizer: Tokenizer) -> set[int]:
+    """The tokens a reply ends at: the template's end of turn, and the end of text."""
+    stops = set(end_of_turn(tokenizer))
+    if tokenizer.eot_token is not None:
+        stops.add(tokenizer.eot_token)
+    return stops
+
+
 def stream_reply(
     model: GPT,
     tokenizer: Tokenizer,
@@ -104,9 +113,7 @@ def stream_reply(
 ) -> tuple[str, bool]:
     """Generate a reply to the prompt, writing it to out as it comes; returns its text and whether it
     ended by itself (False: a Ctrl-C stopped it)."""
-    stops = set(end_of_turn(tokenizer))
-    if tokenizer.eot_token is not None:
-        stops.add(tokenizer.eot_token)
+    stops = reply_stops(tokenizer)
     markup = set(tokenizer.specials.values())  # a template's own tokens are not text: not shown, as transformers
     decoder = StreamDecoder(tokenizer, ())  # skips them in decode(..., skip_special_tokens=True)
     pieces = []
@@ -122,6 +129,7 @@ def stream_reply(
         generators=[generator],
         use_cache=sampling.use_cache,
         compile=sampling.compile,
+        step=sampling.step,
     )
     try:
         for tokens in steps:
@@ -153,14 +161,16 @@ def chat(
     read_line: Callable[[], str],
     system: str | None = None,
     first: str | None = None,
-    out: TextIO = sys.stdout,
-    notes: TextIO = sys.stderr,
+    out: TextIO | None = None,
+    notes: TextIO | None = None,
 ) -> list[dict[str, str]]:
     """A conversation with the model: each line read_line returns is the user's turn (EOFError ends the
     session, KeyboardInterrupt twice in a row too; a blank line is passed over), and the reply is
-    streamed to out. With `first`, the model answers that one message and the session ends (sample.py
-    --chat --prompt). A blank `system` or `first` is a UserError (check_messages). Returns the
-    conversation as it was kept."""
+    streamed to out (standard output; notes to standard error), each looked up at the call, not at
+    import. With `first`, the model answers that one message and the session ends (sample.py --chat
+    --prompt). A blank `system` or `first` is a UserError (check_messages). Returns the conversation
+    as it was kept."""
+    out, notes = out or sys.stdout, notes or sys.stderr
     check_chat_model(tokenizer, "this run")
     check_messages(system, first)
     messages = [{"role": "system", "content": system}] if system is not None else []
@@ -210,14 +220,16 @@ def chat(
             return messages
 
 
-def chat_in_terminal(model: GPT, tokenizer: Tokenizer, args, source: object, products: str) -> None:
+def chat_in_terminal(
+    model: GPT, tokenizer: Tokenizer, args, source: object, products: str, step: Callable | None = None
+) -> None:
     """sample.py --chat: the conversation on stdin and stdout (notes on stderr); --prompt answers one
     message. args: sample.py's options; source: where the model came from; products: how its matrix
-    products run, for the start-up line."""
+    products run, for the start-up line; step: the one-token step (None: the model's forward)."""
     check_chat_model(tokenizer, source)
     device = model.transformer.wte.weight.device
     sampling = Sampling(
-        args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile
+        args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile, step
     )
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if args.prompt is None:

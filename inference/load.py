@@ -3,19 +3,50 @@ out/), a checkpoint file, or a Hugging Face model folder or hub id. sample.py, e
 lm-evaluation-harness model all load through here, and each says what it loaded with describe's
 words: which run, its step of how many, its last val loss, and whether it stopped early."""
 
+import argparse
 from pathlib import Path
 
 import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
-from model import GPT
+from inference.decode_step import PRECISION_CHOICES
+from model import GPT, GPTConfig
 from trainer.checkpoint import CHECKPOINT_NAME, check_weights, expected_weights, load_checkpoint
 from trainer.config import config_from_dict
 from trainer.metrics import METRICS_NAME, read_metrics
 from trainer.runtime import check_fits_in_memory
 
 RUNS_ROOT = Path("out")  # where train.py writes runs by default, and where the newest is looked for
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options that pick the model to load, as sample.py and serve.py take them: --out-dir or --init-from
+    (neither: the newest run), then --device, --dtype and --precision (the products' precision)."""
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument(
+        "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
+    )
+    source.add_argument(
+        "--init-from",
+        help="a Hugging Face model folder (config.json, model.safetensors or shards, tokenizer.json) of a family "
+        "in docs/models.md, or a hub id (owner/name), fetched through the Hugging Face cache, or a GGUF file "
+        "(MODEL.gguf, of llama.cpp, Ollama or LM Studio), dequantized",
+    )
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N or mps (default: auto)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=("auto", "float32", "bfloat16", "float16"),
+        help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISION_CHOICES,
+        help="on an x86-64 CPU, the linear layers' weights in float32, float16, bfloat16 or int8 (one scale per "
+        "output row), the rest of a float32 model staying float32; auto: the model's dtype (docs/sampling.md)",
+    )
 
 
 def load_model(
@@ -102,3 +133,25 @@ def model_from_checkpoint(checkpoint: dict, path: Path) -> tuple[GPT, Tokenizer]
             f"model.vocab_size={cfg.model.vocab_size}"
         )
     return model.eval(), tokenizer
+
+
+class PromptTooLong(UserError):
+    """A prompt of more tokens than the model's context."""
+
+
+def check_prompt(prompt: str, ids: list[int], config: GPTConfig) -> None:
+    """A prompt's ids are what `generate` takes: 1 to block_size of them, and a whole block for a
+    block-causal model; else a UserError naming the prompt (PromptTooLong past the context)."""
+    if not ids:  # a tokenizer.json whose pre-tokenizer removes all of it (spaces between words)
+        raise UserError(f"the prompt {prompt!r:.60} encodes to no tokens: give a prompt with text the tokenizer keeps")
+    if len(ids) > config.block_size:
+        raise PromptTooLong(
+            f"the prompt is {len(ids)} tokens but the model's context is block_size={config.block_size} "
+            f"tokens (shorten the prompt)"
+        )
+    if len(ids) < config.attn_block:
+        raise UserError(
+            f"the prompt is {len(ids)} tokens but a block-causal model (model.attn_block={config.attn_block}) "
+            f"predicts each block from the complete block before it (give a prompt of at least {config.attn_block} "
+            f"tokens)"
+        )

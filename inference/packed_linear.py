@@ -1,4 +1,4 @@
-"""Linear layers with their weights reordered once for oneDNN: faster inference on a CPU.
+"""Linear layers prepared once for inference on a CPU: faster products, in a precision of their own.
 
 Decoding one token multiplies one row per sequence by every weight matrix, so a step's time is set by
 how fast the products stream the weights from memory, not by arithmetic. On a CPU, nn.Linear hands
@@ -7,16 +7,42 @@ the memory bandwidth. oneDNN, given each weight reordered once into its own bloc
 much closer (docs/benchmarks.md measures both on one machine). Inductor prepacks weights in the same
 spirit when it freezes a model for CPU inference; this module does it without compiling.
 
-`pack_linears(model)` swaps every nn.Linear of a model for a PackedLinear holding the reordered
-weight; the model's code and forward pass stay as they are. The result is for inference only: its
-parameters are frozen, and a reordered weight is an opaque oneDNN tensor, so a packed layer refuses
-to be moved, cast or saved (pack a model last, after moving and casting it, and save it before).
+Fewer bytes per weight read faster still. `pack_linears(model, precision)` swaps every nn.Linear of a
+model for one of these, each holding its weight in the form its product reads:
+
+    float32   PackedLinear: the weight reordered for oneDNN, in the model's dtype (what the model computes)
+    bfloat16  PackedLinear: the weight reordered for oneDNN in bfloat16; the input is rounded to bfloat16
+              for the product, and the output (rounded to bfloat16 by oneDNN) goes back as float32
+    float16   Float16Linear: the weight in float16, packed by fbgemm, whose product takes and gives float32
+              (made for few rows)
+    int8      Int8Linear: each output row of the weight as int8 times one scale (symmetric, to nearest);
+              PyTorch's weight-only int8 product reads bfloat16 inputs and gives bfloat16 outputs
+
+Everything outside the products (norms, attention, the KV cache, the residual stream) keeps the
+model's dtype. The model's code and forward pass stay as they are. The result is for inference only:
+its parameters are frozen, and a prepared weight is an opaque tensor, so a prepared layer refuses to
+be moved, cast or saved (pack a model last, after moving and casting it, and save it before).
+
+Each layer also offers its product on (rows, features) inputs, with GELU after it or a residual
+added (`product`, `product_gelu`, `product_add`): inference/decode_step.py's one-token step calls
+them, fused in one oneDNN call where the kind allows.
 """
 
 import platform
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+PRECISIONS = ("float32", "float16", "bfloat16", "int8")  # the kinds of products pack_linears makes
+PRODUCTS = {  # how each precision's products run, for a start-up line
+    None: "linear layers packed for oneDNN",
+    "float32": "linear layers packed for oneDNN",
+    "bfloat16": "linear layers packed for oneDNN in bfloat16 (float32 activations)",
+    "float16": "float16 linear weights, fbgemm products (float32 activations)",
+    "int8": "int8 linear weights with a scale per output row (bfloat16 activations in the products)",
+}
+INT8_WIDTH_MULTIPLE = 16  # PyTorch 2.13's weight-only int8 CPU product reads inputs of 16k features only
 
 
 def packing_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -39,21 +65,53 @@ def packing_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
     return None
 
 
-class PackedLinear(nn.Module):
-    """y = x @ W.T + b, as the nn.Linear it was made from computes it, with W reordered for oneDNN."""
+def precision_unavailable(device: torch.device, dtype: torch.dtype, precision: str | None) -> str | None:
+    """Why products in `precision` (one of PRECISIONS; None: the model's dtype) do not apply to a model
+    on this device, in this dtype; None when they do. A precision is for a float32 model on a CPU where
+    packing applies (x86-64, where they were measured)."""
+    if precision is None:
+        return packing_unavailable(device, dtype)
+    if dtype != torch.float32:
+        return f"{precision} products are for a float32 model, and this one is {_name(dtype)}"
+    reason = packing_unavailable(device, torch.float32)
+    if reason is not None or precision == "float32":
+        return reason
+    if precision == "bfloat16":
+        return packing_unavailable(device, torch.bfloat16)
+    if precision == "float16" and "fbgemm" not in torch.backends.quantized.supported_engines:
+        return "this PyTorch build has no fbgemm float16 products"
+    if precision == "int8" and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        return "this PyTorch build has no weight-only int8 product"
+    return None
+
+
+class InferenceLinear(nn.Module):
+    """What every prepared layer shares: y = x @ W.T + b on inputs (..., in_features), computed by
+    `product` on (rows, in_features); frozen, and never moved, cast or saved."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()))
-        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
         self.register_state_dict_pre_hook(_refuse_to_save)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and x.requires_grad:
-            # oneDNN's product has no backward: gradients would silently stop here
+            # these products have no backward: gradients would silently stop here
             raise RuntimeError("PackedLinear is for inference only: call it under torch.no_grad()")
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        y = self.product(x.reshape(-1, self.in_features))  # (rows, out_features)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """(rows, in_features) -> (rows, out_features), in x's dtype."""
+        raise NotImplementedError
+
+    def product_gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """GELU (tanh-approximated, GPT-2's) of the product."""
+        return F.gelu(self.product(x), approximate="tanh")
+
+    def product_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual + the product, residual (rows, out_features)."""
+        return residual + self.product(x)
 
     def _apply(self, fn, recurse=True):
         # .to(), .float(), .cuda() and the like all come here
@@ -63,24 +121,128 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+class PackedLinear(InferenceLinear):
+    """The product of oneDNN on the weight reordered once for it, in `dtype` (default: the linear's).
+    batch_size: the rows the products will mostly see (the sequences decoded together), for which
+    oneDNN may choose its blocking; None: no preference. A weight in another dtype than the inputs
+    (bfloat16 weights in a float32 model) reads inputs rounded to its dtype and gives its outputs back
+    in the inputs' dtype."""
+
+    def __init__(self, linear: nn.Linear, batch_size: int | None = None, dtype: torch.dtype | None = None):
+        super().__init__(linear)
+        weight = linear.weight.detach().to(dtype or linear.weight.dtype)
+        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, batch_size))
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().to(weight.dtype))
+        # GELU and the residual add are oneDNN post-ops when inputs and weight share a dtype
+        self.fused = weight.dtype == linear.weight.dtype
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.mkldnn._linear_pointwise(
+            x.to(self.packed_weight.dtype), self.packed_weight, self.bias, "none", [], ""
+        )
+        return y.to(x.dtype)
+
+    def product_gelu(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super().product_gelu(x)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "gelu", [], "tanh")
+
+    def product_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        if not self.fused:
+            return super().product_add(x, residual)
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed_weight, self.bias, "add")
+
+
+class Float16Linear(InferenceLinear):
+    """float16 weights packed by fbgemm (torch.ops.quantized.linear_dynamic_fp16): float32 inputs
+    and outputs, the weights read at half float32's bytes and the sums kept in float32. Its packed
+    weight is an fbgemm object, not a tensor (nothing to save or move in any case)."""
+
+    def __init__(self, linear: nn.Linear, batch_size: int | None = None):
+        super().__init__(linear)
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.bias = bias
+        self.packed = torch.ops.quantized.linear_prepack_fp16(linear.weight.detach().float(), bias)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.quantized.linear_dynamic_fp16(x, self.packed)
+
+
+class Int8Linear(InferenceLinear):
+    """Weight-only int8: output row n of the weight is q[n] * scale[n], q int8 in -127..127 and the
+    scale max|w[n]| / 127 in bfloat16, so the largest weight of each row is exact up to the scale's
+    rounding. The product is PyTorch's own (_weight_int8pack_mm) on inputs rounded to bfloat16 (on
+    float32 inputs it has no fast path); the bias is added in the inputs' dtype. Its inputs must be a
+    multiple of INT8_WIDTH_MULTIPLE wide: a narrower layer's weight gets zero columns, and its inputs
+    zeros, to that width (the same sums)."""
+
+    def __init__(self, linear: nn.Linear, batch_size: int | None = None):
+        super().__init__(linear)
+        weight = linear.weight.detach().float()
+        self.padding = -self.in_features % INT8_WIDTH_MULTIPLE
+        scale = (weight.abs().amax(dim=1) / 127).to(torch.bfloat16)
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # a row of zeros: any scale
+        q = torch.round(weight / scale.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", F.pad(q, (0, self.padding)))  # (out_features, padded in_features)
+        self.register_buffer("scale", scale)
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        x16 = F.pad(x.to(torch.bfloat16), (0, self.padding)) if self.padding else x.to(torch.bfloat16)
+        y = torch.ops.aten._weight_int8pack_mm(x16, self.weight_int8, self.scale).to(x.dtype)
+        return y if self.bias is None else y.add_(self.bias)
+
+
 def _refuse_to_save(module: nn.Module, prefix: str, keep_vars: bool) -> None:
     raise RuntimeError(f"{prefix or 'the model'}: a packed model has no state_dict (save the model before packing it)")
 
 
-def pack_linears(model: nn.Module) -> nn.Module:
-    """Swap every nn.Linear in model, in place, for a PackedLinear, and freeze the model for
-    inference (eval mode, no parameter needs gradients). Returns the model.
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def pack_linears(model: nn.Module, precision: str | None = None, batch_size: int | None = None) -> nn.Module:
+    """Swap every nn.Linear in model, in place, for a layer computing its products in `precision`
+    (one of PRECISIONS, for a float32 model; None: PackedLinear in the model's dtype, as it computes),
+    and freeze the model for inference (eval mode, no parameter needs gradients). batch_size: the rows
+    the products will mostly see (PackedLinear). Returns the model.
 
     A weight shared by two modules (GPT-2's output layer and token embedding) is packed as a copy
     for the linear layer while the embedding keeps the original: for GPT-2 124M in float32 that is
-    154 MB more memory."""
+    154 MB more memory (39 MB in int8)."""
     weight = next(model.parameters())
-    reason = packing_unavailable(weight.device, weight.dtype)
+    reason = precision_unavailable(weight.device, weight.dtype, precision)
     if reason is not None:
         raise ValueError(f"cannot pack the linear layers: {reason}")
+    layer = {
+        None: PackedLinear,
+        "float32": PackedLinear,
+        "bfloat16": lambda linear, batch_size: PackedLinear(linear, batch_size, torch.bfloat16),
+        "float16": Float16Linear,
+        "int8": Int8Linear,
+    }[precision]
     model.eval().requires_grad_(False)
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, linear in linears:
         parent_name, _, child_name = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child_name, PackedLinear(linear))
+        setattr(model.get_submodule(parent_name), child_name, layer(linear, batch_size))
     return model
+
+
+def prepare_products(
+    model: nn.Module,
+    device: torch.device,
+    dtype: torch.dtype,
+    compile: bool,
+    precision: str | None = None,
+    batch_size: int | None = None,
+) -> str:
+    """On an x86-64 CPU, pack the linear layers (pack_linears: in `precision`, None for the model's
+    dtype, laid out for batch_size rows), which makes decoding 2 to 3 times faster in float32, unless
+    the model is to be compiled. Returns how the matrix products run, for the start-up line of
+    sample.py, eval.py and serve.py."""
+    reason = "torch.compile cannot trace packed layers" if compile else precision_unavailable(device, dtype, precision)
+    if reason is not None:
+        return f"nn.Linear products ({reason})"
+    pack_linears(model, precision, batch_size)
+    return PRODUCTS[precision]

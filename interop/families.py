@@ -19,7 +19,7 @@ Problems raise ValueError naming the key or tensor and what would be accepted.
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -104,6 +104,8 @@ class Gguf:
     arch: str  # general.architecture
     adjacent_rope: bool = False  # RoPE turns features 2i and 2i+1 together (llama.cpp's "norm" rope), not i and i + D/2
     output_required: bool = False  # it reads no tied output layer: a tied embedding is written again as the output
+    # the stretched RoPEs it computes: llama3's table is a rope_freqs tensor only its "llama" reads; yarn is metadata
+    rope_scalings: tuple[str, ...] = ("none", "yarn")
 
 
 @dataclass(frozen=True)
@@ -112,41 +114,76 @@ class Family:
     architecture: str  # the transformers class AutoModelForCausalLM builds
     computes: dict[str, tuple | None]  # switch -> the values the family computes (ANY: all)
     keys: dict[str, str | tuple[str, ...]]  # our setting -> their config.json key (a tuple: keys that must agree)
-    defaults: dict[str, object]  # their keys' values when config.json leaves them out; absent here: required
+    defaults: dict[str, object]  # their keys' values when config.json leaves them out (their class's); absent: required
+    defined: frozenset[str]  # every key their config class defines (_defined); any other is read by no model code
     fixed: dict[str, object]  # their keys that must hold this value to compute what we compute
     weights: tuple[Weight, ...]
     skipped: tuple[str, ...] = ()  # their tensors that are constants, not weights (GPT-2's stored causal mask)
     optional_prefix: str = ""  # a prefix some of their files leave off the tensor names
-    ignored: tuple[str, ...] = ()  # their keys that compute nothing once `fixed` holds (Qwen3's unused window)
+    ignored: tuple[str, ...] = ()  # their defined keys that compute nothing once `fixed` holds (Qwen3's unused window)
+    aliases: dict[str, str] = field(default_factory=dict)  # their class's other names of keys (its attribute_map)
     gguf: Gguf | None = None  # how llama.cpp runs it (docs/shipping.md); None: --export-gguf refuses it
 
 
-# our settings a family's config.json carries; see resolved()
+# our settings a family's config.json carries as keys of its own; see resolved() (RoPE's are in rope_parameters)
 SETTINGS = (
     "n_layer", "n_head", "kv_heads", "n_embd", "head_size", "block_size", "vocab_size", "mlp_hidden", "norm_eps",
-    "rope_base", "tie_embeddings", "bias", "qk_norm", "attn_window",
+    "tie_embeddings", "bias", "qkv_bias", "qk_norm", "attn_window",
 )  # fmt: skip
 # the switches that decide the family, with the model's value read by switches()
 SWITCHES = (
-    "pos_emb", "norm", "qk_norm", "mlp", "grouped_query", "head_dim", "tie_embeddings", "bias", "logit_softcap",
-    "attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents", "attn_document_positions",
-    "value_embeds", "unet_skips", "backout", "smear_gate", "bigram_embed",
+    "pos_emb", "rope_scaling", "norm", "qk_norm", "mlp", "grouped_query", "head_dim", "tie_embeddings", "bias",
+    "qkv_bias", "logit_softcap", "attn_window", "attn_sinks", "attn_prefix_lm", "attn_block", "attn_documents",
+    "attn_document_positions", "value_embeds", "unet_skips", "backout", "smear_gate", "bigram_embed",
 )  # fmt: skip
 PLAIN = {"logit_softcap": (0.0,), "attn_sinks": (0,), "attn_prefix_lm": (False,), "attn_block": (0,)}
 PLAIN |= {"attn_documents": (False,), "attn_document_positions": (False,)}
 # the residual-stream switches no family computes (model.zero_init_proj is not one: it only starts the weights)
 PLAIN |= {"value_embeds": (0,), "unet_skips": (False,), "backout": (False,)}
 PLAIN |= {"smear_gate": (False,), "bigram_embed": (0,)}  # no family reads the token before a token's embedding
-# config.json keys that describe the file, not the computation, or only training (dropout)
 TOKEN_KEYS = ("bos_token_id", "eos_token_id", "pad_token_id")  # config.json keys that name a token, when set
-HARMLESS = {
-    "architectures", "model_type", "transformers_version", "torch_dtype", "dtype", "bos_token_id", "eos_token_id",
-    "pad_token_id", "initializer_range", "use_cache", "_name_or_path", "output_attentions", "output_hidden_states",
-    "return_dict", "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
-    "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_type",
-    "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "n_ctx",
-    "is_llama_config", "max_window_layers", "task_specific_params", "reorder_and_upcast_attn",
+# Defined keys that change nothing a causal language model computes (transformers 5's modeling code read for
+# each): what the file is and how it was written, what forward returns, the kernel that computes attention,
+# the weights' dtype (ours keep the file's), initialisation, token ids (where generation starts and stops;
+# pad_token_id only keeps one embedding row's gradient at zero), dropout (training only), GPT2DoubleHeadsModel's
+# summary head, GPT-2's float32 upcast of scores (the same function), pretraining_tp (read by no code of
+# transformers 5; 4.x split the matmuls into that many slices, the same sum)
+DESCRIBING = {
+    "transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype", "torch_dtype",
+    "chunk_size_feed_forward", "id2label", "label2id", "problem_type", "num_labels", "name_or_path",
+    "output_attentions", "attn_implementation", "experts_implementation", "initializer_range", "use_cache",
+    *TOKEN_KEYS, "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+    "classifier_dropout", "summary_type", "summary_use_proj", "summary_activation", "summary_proj_to_labels",
+    "summary_first_dropout", "summary_last_dropout", "reorder_and_upcast_attn", "pretraining_tp",
 }  # fmt: skip
+
+# The keys a family's transformers config class defines (transformers 5.24; tests/test_families.py checks
+# them against the installed transformers): its dataclass fields, its attribute_map's aliases, the keys
+# PreTrainedConfig.__post_init__ consumes, RoPE's keys it folds into rope_parameters, and the names the
+# family's modeling code reads that no field holds (Qwen2's and StableLM's head_dim). Transformers sets any
+# other key of config.json on the config object as a plain attribute that no model code reads: it cannot
+# change what the model computes, and is ignored (ignored_keys), as transformers ignores it.
+_EVERY_CLASS = (
+    "transformers_version", "architectures", "output_hidden_states", "return_dict", "dtype",
+    "chunk_size_feed_forward", "is_encoder_decoder", "id2label", "label2id", "problem_type",
+    # consumed by PreTrainedConfig.__post_init__
+    "torch_dtype", "name_or_path", "num_labels", "output_attentions", "attn_implementation",
+    "experts_implementation", "per_layer_config",
+)  # fmt: skip
+ROPE_KEYS = (
+    "rope_parameters", "rope_scaling", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings",
+)  # fmt: skip
+_LLAMA_CLASS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "initializer_range", "rms_norm_eps",
+    "use_cache", "pad_token_id", "bos_token_id", "eos_token_id", "tie_word_embeddings", "attention_dropout",
+)  # fmt: skip
+_WINDOW_CLASS = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")  # Qwen2's and Qwen3's
+
+
+def _defined(*keys: str, rope: bool = True) -> frozenset[str]:
+    """The keys a config class defines: every class's, RoPE's (a class with rope_parameters) and its own."""
+    return frozenset(_EVERY_CLASS + (ROPE_KEYS if rope else ()) + keys)
 
 
 def _gpt2_weights() -> tuple[Weight, ...]:
@@ -163,11 +200,16 @@ def _gpt2_weights() -> tuple[Weight, ...]:
 
 
 def _llama_weights(
-    norm_bias: bool = False, linear_bias: bool = False, mlp_bias: bool = False, qk_norm: tuple[str, str] | None = None
+    norm_bias: bool = False,
+    linear_bias: bool = False,
+    mlp_bias: bool = False,
+    qkv_bias: bool = False,
+    qk_norm: tuple[str, str] | None = None,
 ) -> tuple[Weight, ...]:
     """The tensors of the Llama layout. norm_bias: LayerNorms that always have a bias (StableLM);
-    linear_bias, mlp_bias: the attention's and the MLP's biases follow our bias; qk_norm: the names
-    of the query and key norms ({h}: a norm per head)."""
+    linear_bias, mlp_bias: the attention's and the MLP's biases follow our bias; qkv_bias: the queries',
+    keys' and values' biases alone follow our qkv_bias (Qwen2, StableLM); qk_norm: the names of the query
+    and key norms ({h}: a norm per head)."""
     layer, attn, mlp = "model.layers.{i}.", "model.layers.{i}.self_attn.", "model.layers.{i}.mlp."
     ours = "transformer.h.{i}."
     qkv = tuple(attn + f"{x}_proj" for x in "qkv")
@@ -184,8 +226,10 @@ def _llama_weights(
     ]
     weights.append(Weight(ours + "attn.c_attn.weight", tuple(p + ".weight" for p in qkv), "fused_qkv"))
     weights.append(Weight(ours + "attn.c_proj.weight", (attn + "o_proj.weight",)))
+    if linear_bias or qkv_bias:
+        when = "bias" if linear_bias else "qkv_bias"
+        weights.append(Weight(ours + "attn.c_attn.bias", tuple(p + ".bias" for p in qkv), "fused_qkv", when=when))
     if linear_bias:
-        weights.append(Weight(ours + "attn.c_attn.bias", tuple(p + ".bias" for p in qkv), "fused_qkv", when="bias"))
         weights.append(Weight(ours + "attn.c_proj.bias", (attn + "o_proj.bias",), when="bias"))
     if qk_norm:
         for our, their, heads in (("q_norm", qk_norm[0], "n_head"), ("k_norm", qk_norm[1], "kv_heads")):
@@ -205,24 +249,29 @@ def _llama_weights(
     return tuple(weights)
 
 
-# the switches every Llama-shaped family computes the same way
-_ROPE_SWIGLU = {"pos_emb": ("rope",), "mlp": ("swiglu",), "grouped_query": ANY, "tie_embeddings": ANY}
+# the switches every Llama-shaped family computes the same way (RoPE's stretched tables too: transformers'
+# rotary embedding of each reads rope_parameters' rope_type)
+_ROPE_SWIGLU = {"pos_emb": ("rope",), "rope_scaling": ANY, "mlp": ("swiglu",), "grouped_query": ANY,
+                "tie_embeddings": ANY}  # fmt: skip
 _LLAMA_KEYS = {
     "n_layer": "num_hidden_layers", "n_head": "num_attention_heads", "kv_heads": "num_key_value_heads",
     "head_size": "head_dim",
     "n_embd": "hidden_size", "block_size": "max_position_embeddings", "vocab_size": "vocab_size",
-    "mlp_hidden": "intermediate_size", "rope_base": "rope_theta", "tie_embeddings": "tie_word_embeddings",
+    "mlp_hidden": "intermediate_size", "tie_embeddings": "tie_word_embeddings",
 }  # fmt: skip
-_LLAMA_DEFAULTS = {"tie_word_embeddings": False, "rope_theta": 10000.0, "hidden_act": "silu", "rope_type": "default"}
-_LLAMA_FIXED = {"hidden_act": "silu", "rope_type": "default", "rope_scaling": None}
+# their classes' defaults (None: num_key_value_heads is num_attention_heads, head_dim hidden_size / heads)
+_LLAMA_DEFAULTS = {"tie_word_embeddings": False, "hidden_act": "silu", "rms_norm_eps": 1e-6, "head_dim": None}
+# keys every class holds that change the model: a per-layer override of any key, an encoder-decoder
+_EVERY_FIXED = {"is_encoder_decoder": False, "per_layer_config": None}
+_LLAMA_FIXED = {**_EVERY_FIXED, "hidden_act": "silu"}
 
 FAMILIES = (
     Family(
         model_type="gpt2",
         architecture="GPT2LMHeadModel",
-        computes={"pos_emb": ("learned",), "norm": ("layernorm",), "qk_norm": (False,), "mlp": ("gelu",),
-                  "grouped_query": (False,), "head_dim": (0,), "tie_embeddings": (True,), "bias": ANY,
-                  "attn_window": (0,), **PLAIN},
+        computes={"pos_emb": ("learned",), "rope_scaling": ("none",), "norm": ("layernorm",), "qk_norm": (False,),
+                  "mlp": ("gelu",), "grouped_query": (False,), "head_dim": (0,), "tie_embeddings": (True,),
+                  "bias": ANY, "qkv_bias": (False,), "attn_window": (0,), **PLAIN},
         keys={"n_layer": "n_layer", "n_head": "n_head", "n_embd": "n_embd", "block_size": "n_positions",
               "vocab_size": "vocab_size", "mlp_hidden": "n_inner", "norm_eps": "layer_norm_epsilon"},
         # GPT-2 124M's sizes where config.json leaves one out, as transformers' GPT2Config
@@ -230,35 +279,66 @@ FAMILIES = (
                   "n_inner": None, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new",
                   "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False,
                   "tie_word_embeddings": True},
-        fixed={"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "scale_attn_weights": True,
+        defined=_defined(
+            "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "activation_function",
+            "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon", "initializer_range", "summary_type",
+            "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+            "scale_attn_weights", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id",
+            "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention", "tie_word_embeddings",
+            # GPT2Config.attribute_map's aliases, and the other heads' dropouts its modeling code reads
+            "hidden_size", "max_position_embeddings", "num_attention_heads", "num_hidden_layers",
+            "summary_last_dropout", "classifier_dropout", "hidden_dropout",
+            rope=False,
+        ),
+        fixed={**_EVERY_FIXED, "activation_function": ("gelu_new", "gelu_pytorch_tanh"), "scale_attn_weights": True,
                "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False, "tie_word_embeddings": True},
         weights=_gpt2_weights(),
         skipped=("transformer.h.{i}.attn.bias", "transformer.h.{i}.attn.masked_bias"),
         optional_prefix="transformer.",
-        gguf=Gguf("gpt2"),
+        aliases={"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+                 "num_hidden_layers": "n_layer"},
+        gguf=Gguf("gpt2", rope_scalings=("none",)),
     ),
     Family(
         model_type="llama",
         architecture="LlamaForCausalLM",
         computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": ANY,
-                  "attn_window": (0,), **PLAIN},
+                  "qkv_bias": (False,), "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "bias": ("attention_bias", "mlp_bias")},
-        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "mlp_bias": False,
-                  "pretraining_tp": 1, "rope_interleaved": False},
-        fixed={**_LLAMA_FIXED, "pretraining_tp": 1, "rope_interleaved": False},
+        defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": None, "intermediate_size": 11008, "attention_bias": False,
+                  "mlp_bias": False},
+        defined=_defined(*_LLAMA_CLASS, "pretraining_tp", "attention_bias", "mlp_bias"),
+        fixed=_LLAMA_FIXED,
         weights=_llama_weights(linear_bias=True, mlp_bias=True),
-        gguf=Gguf("llama", adjacent_rope=True),
+        gguf=Gguf("llama", adjacent_rope=True, rope_scalings=("none", "llama3", "yarn")),
+    ),
+    Family(
+        model_type="qwen2",
+        architecture="Qwen2ForCausalLM",
+        # q_proj, k_proj and v_proj always have biases, o_proj and the MLP never (no config.json key says so)
+        computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": (False,),
+                  "qkv_bias": (True,), "attn_window": (0,), **PLAIN},
+        keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps"},
+        defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "intermediate_size": 22016,
+                  "use_sliding_window": False},
+        defined=_defined(*_LLAMA_CLASS, *_WINDOW_CLASS),  # head_dim: no field, but its attention reads it
+        fixed={**_LLAMA_FIXED, "use_sliding_window": False},
+        weights=_llama_weights(qkv_bias=True),
+        ignored=("sliding_window", "max_window_layers"),
+        gguf=Gguf("qwen2"),
     ),
     Family(
         model_type="qwen3",
         architecture="Qwen3ForCausalLM",
         computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (True,), "head_dim": ANY, "bias": (False,),
-                  "attn_window": (0,), **PLAIN},
+                  "qkv_bias": (False,), "attn_window": (0,), **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps"},
-        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "attention_bias": False, "use_sliding_window": False},
+        defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 32, "head_dim": 128, "intermediate_size": 22016,
+                  "attention_bias": False, "use_sliding_window": False},
+        defined=_defined(*_LLAMA_CLASS, *_WINDOW_CLASS, "attention_bias"),
         fixed={**_LLAMA_FIXED, "attention_bias": False, "use_sliding_window": False},
         weights=_llama_weights(qk_norm=("q_norm.weight", "k_norm.weight")),
-        ignored=("sliding_window",),
+        ignored=("sliding_window", "max_window_layers"),
         gguf=Gguf("qwen3"),
     ),
     Family(
@@ -266,14 +346,19 @@ FAMILIES = (
         architecture="StableLmForCausalLM",
         # StableLM's config.json has no head_dim: its heads are hidden_size / num_attention_heads wide
         computes={**_ROPE_SWIGLU, "norm": ("layernorm",), "qk_norm": ANY, "head_dim": (0,), "bias": (False,),
-                  "attn_window": (0,), **PLAIN},
+                  "qkv_bias": ANY, "attn_window": (0,), **PLAIN},
         keys={**{k: v for k, v in _LLAMA_KEYS.items() if k != "head_size"}, "norm_eps": "layer_norm_eps",
-              "qk_norm": "qk_layernorm"},
-        defaults={**_LLAMA_DEFAULTS, "layer_norm_eps": 1e-5, "use_qkv_bias": False, "qk_layernorm": False,
+              "qkv_bias": "use_qkv_bias", "qk_norm": "qk_layernorm"},
+        defaults={"tie_word_embeddings": False, "hidden_act": "silu", "num_key_value_heads": 32,
+                  "intermediate_size": 6912, "layer_norm_eps": 1e-5, "use_qkv_bias": False, "qk_layernorm": False,
                   "use_parallel_residual": False, "partial_rotary_factor": 0.25},
-        fixed={**_LLAMA_FIXED, "use_qkv_bias": False, "use_parallel_residual": False, "partial_rotary_factor": 1.0},
+        defined=_defined(
+            *(key for key in _LLAMA_CLASS if key != "rms_norm_eps"), "layer_norm_eps", "use_qkv_bias",
+            "qk_layernorm", "use_parallel_residual", "hidden_dropout",
+        ),  # head_dim: no field, but its rotary embedding reads it
+        fixed={**_LLAMA_FIXED, "use_parallel_residual": False},
         weights=_llama_weights(
-            norm_bias=True, qk_norm=("q_layernorm.norms.{h}.weight", "k_layernorm.norms.{h}.weight")
+            norm_bias=True, qkv_bias=True, qk_norm=("q_layernorm.norms.{h}.weight", "k_layernorm.norms.{h}.weight")
         ),
         gguf=Gguf("stablelm", output_required=True),
     ),
@@ -281,9 +366,10 @@ FAMILIES = (
         model_type="mistral",
         architecture="MistralForCausalLM",
         computes={**_ROPE_SWIGLU, "norm": ("rmsnorm",), "qk_norm": (False,), "head_dim": ANY, "bias": (False,),
-                  "attn_window": ANY, **PLAIN},
+                  "qkv_bias": (False,), "attn_window": ANY, **PLAIN},
         keys={**_LLAMA_KEYS, "norm_eps": "rms_norm_eps", "attn_window": "sliding_window"},
-        defaults={**_LLAMA_DEFAULTS, "rms_norm_eps": 1e-6, "sliding_window": None},
+        defaults={**_LLAMA_DEFAULTS, "num_key_value_heads": 8, "intermediate_size": 14336, "sliding_window": 4096},
+        defined=_defined(*_LLAMA_CLASS, "sliding_window"),
         fixed=_LLAMA_FIXED,
         weights=_llama_weights(),
     ),
@@ -294,9 +380,15 @@ FAMILY_BY_TYPE = {family.model_type: family for family in FAMILIES}
 def switches(config: GPTConfig) -> dict[str, object]:
     """The values of SWITCHES for a model: what decides which family computes it. head_dim is 0 for
     heads n_embd / n_head wide, however it is set: a family without a head_dim key computes those."""
-    values = {name: getattr(config, name) for name in SWITCHES if name not in ("grouped_query", "head_dim")}
+    derived = ("grouped_query", "head_dim", "qkv_bias", "rope_scaling")
+    values = {name: getattr(config, name) for name in SWITCHES if name not in derived}
     own_width = config.n_head * config.head_size != config.n_embd
-    return values | {"grouped_query": config.kv_heads < config.n_head, "head_dim": config.head_size if own_width else 0}
+    return values | {
+        "grouped_query": config.kv_heads < config.n_head,
+        "head_dim": config.head_size if own_width else 0,
+        "qkv_bias": config.qkv_bias and not config.bias,  # with bias, the queries' biases are bias's
+        "rope_scaling": config.rope_scaling if config.pos_emb == "rope" else "none",
+    }
 
 
 def resolved(config: GPTConfig) -> dict[str, object]:
@@ -358,8 +450,27 @@ GGUF_FAMILIES = tuple(family for family in FAMILIES if family.gguf is not None)
 
 def gguf_family_for(config: GPTConfig) -> Family:
     """The first family llama.cpp runs that computes every switch of config, or family_for's ValueError
-    naming the switch."""
-    return family_for(config, GGUF_FAMILIES, reader="llama.cpp architecture")
+    naming the switch; a stretched RoPE its architecture does not compute is a ValueError naming it."""
+    family = family_for(config, GGUF_FAMILIES, reader="llama.cpp architecture")
+    scaling = switches(config)["rope_scaling"]
+    if scaling not in family.gguf.rope_scalings:
+        runs = ", ".join(f.gguf.arch for f in GGUF_FAMILIES if scaling in f.gguf.rope_scalings)
+        raise ValueError(
+            f"model.rope_scaling={scaling!r} is computed by llama.cpp's {runs} but not by its {family.gguf.arch}, "
+            f"the architecture of this model's other switches"
+        )
+    if scaling == "yarn":  # llama.cpp's YaRN reads no betas and always rounds the ramp's ends (ggml's corr dims)
+        for name, value, runs in (
+            ("rope_beta_fast", 32.0, 32),
+            ("rope_beta_slow", 1.0, 1),
+            ("rope_truncate", True, "true"),
+        ):
+            if getattr(config, name) != value:
+                raise ValueError(
+                    f"model.{name}={_shown(getattr(config, name))} is computed by no llama.cpp architecture: its YaRN "
+                    f"reads only {name.removeprefix('rope_')} = {runs}"
+                )
+    return family
 
 
 def hf_config(config: GPTConfig, family: Family, bos_token_id: int | None, eos_token_id: int | None) -> dict:
@@ -367,23 +478,16 @@ def hf_config(config: GPTConfig, family: Family, bos_token_id: int | None, eos_t
     tokenizer's bos and eos by id."""
     hf: dict[str, object] = {"model_type": family.model_type, "architectures": [family.architecture]}
     values = resolved(config)
-    rope = {"rope_type": "default"}
     for setting, keys in family.keys.items():
         for key in keys if isinstance(keys, tuple) else (keys,):
-            value = values[setting] if setting != "attn_window" else values[setting] or None
-            if key == "rope_theta":
-                rope[key] = value
-            else:
-                hf[key] = value
+            hf[key] = values[setting] if setting != "attn_window" else values[setting] or None
     for key, value in family.fixed.items():
         value = value[0] if isinstance(value, tuple) else value
-        if key in ("rope_type", "partial_rotary_factor"):
-            rope[key] = value
-        elif value is not None:
+        if value is not None:
             hf[key] = value
     if config.pos_emb == "rope":
-        hf["rope_parameters"] = rope
-        hf["rope_theta"] = rope["rope_theta"]  # where readers older than transformers 5 look
+        hf["rope_parameters"] = rope_parameters(config, family)
+        hf["rope_theta"] = config.rope_base  # where readers older than transformers 5 look
     # written even when None (null: a character vocabulary has no end-of-text token), since a config.json
     # without them reads as its class's defaults (GPT-2's 50256, Llama's 1 and 2), which transformers'
     # save_pretrained then writes down: ids beyond a small vocabulary, or characters taken for text's end
@@ -391,32 +495,35 @@ def hf_config(config: GPTConfig, family: Family, bos_token_id: int | None, eos_t
     return hf
 
 
-_ROPE_CONTAINERS = ("rope_parameters", "rope_scaling")  # where transformers 5 (and older files) keep RoPE's keys
+def rope_parameters(config: GPTConfig, family: Family) -> dict:
+    """transformers 5's rope_parameters for config's rotation: its type, base and the numbers of its
+    stretch (docs/models.md); partial_rotary_factor where the family's default is not 1 (StableLM's 0.25)."""
+    rope: dict[str, object] = {"rope_type": "default" if config.rope_scaling == "none" else config.rope_scaling}
+    rope["rope_theta"] = config.rope_base
+    if family.defaults.get("partial_rotary_factor", 1.0) != 1.0:
+        rope["partial_rotary_factor"] = 1.0
+    if config.rope_scaling != "none":
+        rope |= {"factor": config.rope_factor, "original_max_position_embeddings": config.rope_original_context}
+    if config.rope_scaling == "llama3":
+        rope |= {"low_freq_factor": config.rope_low_freq_factor, "high_freq_factor": config.rope_high_freq_factor}
+    if config.rope_scaling == "yarn":
+        rope |= {"beta_fast": config.rope_beta_fast, "beta_slow": config.rope_beta_slow}
+        rope |= {"truncate": config.rope_truncate} if not config.rope_truncate else {}
+        rope |= {"attention_factor": config.rope_attention_factor} if config.rope_attention_factor else {}
+    return rope
+
+
 _SIZES = ("n_layer", "n_head", "kv_heads", "n_embd", "head_size", "block_size", "vocab_size", "mlp_hidden")
+# the keys of rope_parameters each rope_type reads (transformers' rope functions); "type": older files' rope_type
+ROPE_TYPES = {
+    "default": ("rope_type", "type", "rope_theta", "partial_rotary_factor"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "mscale", "mscale_all_dim",
+             "beta_fast", "beta_slow", "truncate"),
+}  # fmt: skip
 
 
-def _flat(hf: dict) -> dict[str, tuple[str, object]]:
-    """config.json's keys, each with the name to quote it by: the keys of rope_parameters (and of an
-    older file's rope_scaling) stand beside the others, so that rope_type and partial_rotary_factor
-    are checked wherever they are written; where the two disagree, rope_scaling's value is the one
-    checked (refused unless it is what we compute)."""
-    flat = {key: (key, value) for key, value in hf.items() if key not in _ROPE_CONTAINERS}
-    for container in _ROPE_CONTAINERS:
-        nested = hf.get(container)
-        if nested is None:
-            continue
-        if not isinstance(nested, dict):
-            flat[container] = (container, nested)
-            continue
-        for key, value in nested.items():
-            if key not in flat or flat[key][1] != value:
-                flat[key] = (f"{container}.{key}", value)
-    return flat
-
-
-def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
-    """The family and our config of a config.json (dropout 0: the caller sets its own). A key the
-    family would compute differently from us is a ValueError naming it, never dropped."""
+def _family(hf: dict, source: str) -> Family:
     model_type = hf.get("model_type")
     family = FAMILY_BY_TYPE.get(model_type) if isinstance(model_type, str) else None
     if family is None:
@@ -424,7 +531,60 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
             f"{source} has model_type={model_type!r}, a family this model cannot compute "
             f"(it reads {', '.join(FAMILY_BY_TYPE)})"
         )
-    flat = _flat(hf)
+    return family
+
+
+def _rope_section(hf: dict) -> tuple[str, dict]:
+    """The name and contents of the RoPE settings transformers reads: a truthy rope_scaling (an older
+    file's) replaces rope_parameters whole, as transformers' convert_rope_params_to_dict does."""
+    if hf.get("rope_scaling"):
+        return "rope_scaling", hf["rope_scaling"]
+    return "rope_parameters", hf.get("rope_parameters") or {}
+
+
+def ignored_keys(hf: dict, source: str = "config.json") -> list[str]:
+    """The keys of a config.json that its family's transformers class does not define (Family.defined),
+    which no model code reads, and the keys of its RoPE section that its rope type does not read: what
+    transformers loads the file without; in the file's order. A family this model cannot compute is a
+    ValueError."""
+    family = _family(hf, source)
+    ignored = [key for key in hf if key != "model_type" and key not in family.defined]
+    if "rope_parameters" not in family.defined:
+        return ignored
+    name, section = _rope_section(hf)
+    if name == "rope_scaling" and "rope_parameters" in hf:
+        ignored.append("rope_parameters")
+    if isinstance(section, dict):
+        kind = section.get("rope_type", section.get("type", "default"))
+        reads = ROPE_TYPES["default"] + ROPE_TYPES.get(kind, tuple(section))
+        unread = [key for key in section if key not in reads or (key == "type" and "rope_type" in section)]
+        ignored += [f"{name}.{key}" for key in unread]
+    return ignored
+
+
+def ignored_note(hf: dict, source: str) -> str | None:
+    """The one line a load prints about the keys of source (a config.json) it ignored (ignored_keys),
+    or None when there are none."""
+    ignored = ignored_keys(hf, source)
+    if not ignored:
+        return None
+    family = _family(hf, source)
+    return (
+        f"note: {source}: ignored {', '.join(ignored)}: keys transformers' {family.model_type} config does not "
+        f"define, which no model code reads"
+    )
+
+
+def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
+    """The family and our config of a config.json (dropout 0: the caller sets its own), read as
+    transformers reads it: a key the family's class does not define is read by no model code and
+    ignored (ignored_keys); a defined key the family computes differently from us is a ValueError
+    naming it, never dropped."""
+    family = _family(hf, source)
+    skipped = set(ignored_keys(hf, source)) | set(ROPE_KEYS) | {"model_type"}
+    flat = {key: (key, value) for key, value in hf.items() if key not in skipped and key not in family.aliases}
+    # an alias sets the key it stands for, over the key itself (transformers sets the aliases after the fields)
+    flat |= {family.aliases[key]: (key, value) for key, value in hf.items() if key in family.aliases}
     for key, required in family.fixed.items():
         name, value = flat.get(key, (key, family.defaults.get(key, required)))
         allowed = required if isinstance(required, tuple) else (required,)
@@ -434,11 +594,11 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
             raise ValueError(f"{source} {said}; this model computes only {wanted}")
     mapped = {key for keys in family.keys.values() for key in (keys if isinstance(keys, tuple) else (keys,))}
     for key, (name, value) in flat.items():
-        known = key in HARMLESS or key in family.ignored or key in mapped or key in family.fixed or key == "layer_types"
-        if not known:
+        checked = key in mapped or key in family.fixed or key == "layer_types"
+        if not (checked or key in DESCRIBING or key in family.ignored):
             raise ValueError(
-                f"{source} sets {name}={value!r}, a key this model cannot compute (it is none of the "
-                f"{family.model_type} keys in docs/models.md): a model that needs it cannot be imported"
+                f"{source} sets {name}={value!r}, a key transformers' {family.model_type} model reads and this "
+                f"model does not compute: a model that needs it cannot be imported"
             )
     values = _settings(family, flat, source)
     _check_token_ids(flat, values["vocab_size"], source)
@@ -449,7 +609,9 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         )
     computed = {s: family.computes[s][0] for s in ("pos_emb", "norm", "mlp") if family.computes[s] is not ANY}
     qk_norm = values.get("qk_norm", family.computes["qk_norm"] and family.computes["qk_norm"][0])
+    qkv_bias = values.get("qkv_bias", family.computes["qkv_bias"] == (True,))
     head_size = values.get("head_size")  # None: the family's heads are n_embd / n_head wide
+    rope = _rope_settings(hf, family, values["block_size"], source) if computed["pos_emb"] == "rope" else {}
     config = GPTConfig(
         n_layer=values["n_layer"],
         n_head=values["n_head"],
@@ -458,8 +620,9 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
         vocab_size=values["vocab_size"],
         dropout=0.0,
         bias=values.get("bias", True if family.computes["bias"] is ANY else family.computes["bias"][0]),
+        qkv_bias=bool(qkv_bias),
         **computed,
-        rope_base=float(values.get("rope_base", GPTConfig.rope_base)),
+        **rope,
         norm_eps=float(values["norm_eps"]),
         qk_norm=bool(qk_norm),
         n_kv_head=0 if values["kv_heads"] == values["n_head"] else values["kv_heads"],
@@ -470,6 +633,88 @@ def config_from_hf(hf: dict, source: str) -> tuple[Family, GPTConfig]:
     if values["mlp_hidden"] != config.mlp_hidden:
         config.mlp_width = values["mlp_hidden"]
     return family, config
+
+
+def _rope_settings(hf: dict, family: Family, max_positions: int, source: str) -> dict[str, object]:
+    """Our RoPE settings (rope_base, rope_scaling and its numbers) from a config.json's RoPE section, with
+    transformers' precedence: the section's rope_theta and partial_rotary_factor over the top-level keys,
+    a top-level original_max_position_embeddings over the section's, max_position_embeddings where neither
+    has one. A rope type other than default, llama3 and yarn, or a partial rotation, is a ValueError."""
+    name, section = _rope_section(hf)
+    if not isinstance(section, dict):
+        raise ValueError(f"{source} sets {name}={section!r}, which is not an object of RoPE settings")
+
+    def get(key: str, default: object = None, top: bool = True) -> tuple[str, object]:
+        """A key of the section (quoted as name.key), else of the file's top level, else default."""
+        if key in section:
+            return f"{name}.{key}", section[key]
+        if top and key in hf:
+            return key, hf[key]
+        return key, default
+
+    kind_key = "rope_type" if "rope_type" in section or "type" not in section else "type"
+    kind_name, kind = get(kind_key, "default", top=False)
+    if kind not in ROPE_TYPES:
+        wanted = " or ".join(repr(k) for k in ROPE_TYPES)
+        raise ValueError(f"{source} sets {kind_name}={kind!r}; this model computes only {wanted}")
+    theta = get("rope_theta", family.defaults.get("rope_theta", 10000.0))
+    _check_type("rope_base", *theta, source)
+    partial_name, partial = get("partial_rotary_factor", family.defaults.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        written = partial_name != "partial_rotary_factor" or partial_name in hf
+        said = f"sets {partial_name}={partial!r}" if written else f"leaves {partial_name} out, which means {partial!r}"
+        raise ValueError(f"{source} {said}; this model computes only 1.0 (it turns every feature of a head)")
+    settings: dict[str, object] = {"rope_base": float(theta[1])}
+    if kind == "default":
+        return settings
+    if "original_max_position_embeddings" in hf:  # a top-level one is read first (Phi-3's place for it)
+        original = ("original_max_position_embeddings", hf["original_max_position_embeddings"])
+    else:
+        original = get("original_max_position_embeddings", max_positions, top=False)
+    _check_type("rope_original_context", *original, source)
+    factor = get("factor", top=False)
+    if factor[1] is None and kind == "yarn":  # as transformers: the stretch from the original context to the file's
+        factor = (factor[0], max_positions / original[1])
+    numbers = {"rope_factor": factor}
+    if kind == "llama3":
+        numbers |= {"rope_low_freq_factor": get("low_freq_factor", top=False)}
+        numbers |= {"rope_high_freq_factor": get("high_freq_factor", top=False)}
+    else:
+        numbers |= {"rope_beta_fast": get("beta_fast", top=False), "rope_beta_slow": get("beta_slow", top=False)}
+        numbers["rope_attention_factor"] = _attention_factor(section, factor[1], name, source)
+    for setting, (key, value) in numbers.items():
+        if value is None and setting in ("rope_beta_fast", "rope_beta_slow", "rope_attention_factor"):
+            continue  # yarn's defaults: 32 and 1, 0.1 ln(factor) + 1
+        if value is None:
+            raise ValueError(f"{source} lacks {name}.{key.split('.')[-1]}, which a {kind} RoPE needs")
+        _check_type(setting, key, value, source)
+        settings[setting] = float(value)
+    truncate = get("truncate", True, top=False)
+    if kind == "yarn" and not isinstance(truncate[1], bool):
+        raise ValueError(f"{source} sets {truncate[0]}={truncate[1]!r}, which is not true or false")
+    return (
+        settings
+        | {"rope_scaling": kind, "rope_original_context": original[1]}
+        | ({"rope_truncate": truncate[1]} if kind == "yarn" else {})
+    )
+
+
+def _attention_factor(section: dict, factor: object, name: str, source: str) -> tuple[str, object]:
+    """YaRN's attention factor as transformers takes it: attention_factor, else DeepSeek's ratio of two
+    mscale terms where mscale and mscale_all_dim are both set, else (None) 0.1 ln(factor) + 1."""
+    if section.get("attention_factor") is not None:
+        return f"{name}.attention_factor", section["attention_factor"]
+    mscale, mscale_all_dim = section.get("mscale"), section.get("mscale_all_dim")
+    if not (mscale and mscale_all_dim):
+        return f"{name}.attention_factor", None
+    for key, value in (("mscale", mscale), ("mscale_all_dim", mscale_all_dim)):
+        _check_type("rope_attention_factor", f"{name}.{key}", value, source)
+    _check_type("rope_factor", f"{name}.factor", factor, source)
+
+    def term(m: float) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    return f"{name}.mscale", float(term(mscale) / term(mscale_all_dim))
 
 
 def _check_token_ids(flat: dict[str, tuple[str, object]], vocab_size: int, source: str) -> None:
@@ -487,8 +732,8 @@ def _check_token_ids(flat: dict[str, tuple[str, object]], vocab_size: int, sourc
 
 
 def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) -> dict[str, object]:
-    """Our settings from their keys (or the family's defaults), checked for type; sizes that are
-    left out and follow from others (key/value heads, head width, MLP width) are derived."""
+    """Our settings from their keys (or their class's defaults), checked for type; sizes that are left
+    out and follow from others (key/value heads, head width, MLP width) are derived."""
     values = {}
     for setting, keys in family.keys.items():
         found = []
@@ -497,8 +742,6 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
                 found.append(flat[key])
             elif key in family.defaults:
                 found.append((key, family.defaults[key]))
-            elif setting in ("kv_heads", "head_size", "mlp_hidden"):
-                found.append((key, None))
             else:
                 raise ValueError(f"{source} lacks {key}: it is not a complete {family.model_type} config.json")
         if any(value != found[0][1] for _, value in found[1:]):
@@ -520,14 +763,18 @@ def _settings(family: Family, flat: dict[str, tuple[str, object]], source: str) 
     return values
 
 
+_INTEGERS = (*_SIZES, "attn_window", "rope_original_context")
+_BOOLEANS = ("tie_embeddings", "bias", "qkv_bias", "qk_norm")
+
+
 def _check_type(setting: str, key: str, value: object, source: str) -> None:
     if value is None and setting in ("kv_heads", "head_size", "mlp_hidden", "attn_window"):
         return
-    if setting in _SIZES or setting == "attn_window":
+    if setting in _INTEGERS:
         ok, wanted = isinstance(value, int) and not isinstance(value, bool) and value > 0, "a positive integer"
-    elif setting in ("tie_embeddings", "bias", "qk_norm"):
+    elif setting in _BOOLEANS:
         ok, wanted = isinstance(value, bool), "true or false"
-    else:  # norm_eps, rope_base
+    else:  # norm_eps, rope_base and the RoPE stretch's numbers
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         wanted = "a positive number"
     if not ok:
@@ -536,7 +783,8 @@ def _check_type(setting: str, key: str, value: object, source: str) -> None:
 
 def _present(weight: Weight, config: GPTConfig) -> bool:
     """Whether GPT(config) has this tensor."""
-    return {"": True, "bias": config.bias, "qk_norm": config.qk_norm, "untied": not config.tie_embeddings}[weight.when]
+    when = {"": True, "bias": config.bias, "qkv_bias": config.bias or config.qkv_bias, "qk_norm": config.qk_norm}
+    return (when | {"untied": not config.tie_embeddings})[weight.when]
 
 
 def _expand(weight: Weight, config: GPTConfig) -> list[tuple[str, list[str], int]]:
@@ -703,6 +951,8 @@ def markdown_tables() -> str:
     lines = ["Switches each family computes (export picks the first column that has every value):", "", head, rule]
     runners = [f"`{f.gguf.arch}`" if f.gguf else "-" for f in FAMILIES]
     lines.append("| llama.cpp architecture (`--export-gguf`) | " + " | ".join(runners) + " |")
+    scalings = [_shown(f.gguf.rope_scalings) if f.gguf else "-" for f in FAMILIES]
+    lines.append("| `model.rope_scaling` llama.cpp computes | " + " | ".join(scalings) + " |")
     for switch in SWITCHES:
         name = "n_kv_head < n_head" if switch == "grouped_query" else switch
         cells = [_cell(switch, f.computes[switch]) for f in FAMILIES]
@@ -719,6 +969,8 @@ def markdown_tables() -> str:
         cells = [" = ".join(f"`{k}`" for k in ((keys,) if isinstance(keys, str) else keys or ())) or "-"
                  for keys in (f.keys.get(setting) for f in FAMILIES)]  # fmt: skip
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    rope = ["`rope_parameters`" if f.computes["pos_emb"] == ("rope",) else "-" for f in FAMILIES]
+    lines.append("| rope_base, rope_scaling, rope_* | " + " | ".join(rope) + " |")
     lines += ["", "Keys that must hold one value (left out: the family's default must be it):", ""]
     for f in FAMILIES:
         lines.append(f"- {f.model_type}: " + ", ".join(f"`{key}` = {_shown(v)}" for key, v in f.fixed.items()))

@@ -17,10 +17,11 @@ from pathlib import Path
 import gguf
 
 from data.files import check_output_file, make_dir
+from data.gguf_tokenizer import SPLIT_PATTERNS
 from data.tokenizer import Tokenizer, byte_level_bytes, byte_level_spelling
 from errors import UserError
 from interop.families import gguf_family_for
-from interop.gguf_tensors import add_model, add_tensors, gguf_tensors, is_export
+from interop.gguf_tensors import DTYPE_TYPES, FILE_TYPES, add_model, add_tensors, gguf_tensors, is_export
 from interop.pretrained import SpecialTokens, exported_config, note_plain_causal, special_tokens
 from model import GPT
 from trainer.checkpoint import non_finite
@@ -29,14 +30,6 @@ GGUF_KIND = "a GGUF file of an earlier sample.py --export-gguf"
 # llama.cpp refuses a "gpt2" tokenizer without merges, and gguf writes no empty list: a character
 # vocabulary gets this one, of two 0xFF bytes (spelled ÿ), which UTF-8 text never holds, so it never applies
 NO_MERGE = f"{byte_level_spelling(bytes([0xFF]))} {byte_level_spelling(bytes([0xFF]))}"
-# the split patterns of byte-level BPEs (their tokenizer.json's Split before a ByteLevel) and the llama.cpp
-# pre-tokenizer that splits as each does: Qwen2's (Qwen2.5, Qwen3; digits one at a time) and Llama 3's (up to three)
-SPLIT_PATTERNS = {
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "qwen2",
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"""
-    r"""| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""": "llama-bpe",
-}  # fmt: skip
 # the id llama.cpp takes for the end of text (and the start) of a byte-level BPE whose file names none (its
 # llama-vocab.cpp's default): a character vocabulary without <|endoftext|> cannot tell it otherwise
 LLAMA_CPP_DEFAULT_EOS = 11
@@ -44,17 +37,24 @@ LLAMA_CPP_DEFAULT_EOS = 11
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
 
 
-def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, Path]], also: str | None) -> None:
-    """sample.py --export-gguf: check path, load the model (load() gives it, its tokenizer and where it
-    came from), write the file and say so. dtype is --dtype's value: auto is float32. `also`: an --export
-    given with it, refused (one format a command)."""
+def write_gguf(
+    path: Path,
+    dtype: str,
+    gguf_type: str | None,
+    load: Callable[[], tuple[GPT, Tokenizer, Path]],
+    also: str | None,
+) -> None:
+    """sample.py --export-gguf: check path and the type, load the model (load() gives it, its tokenizer
+    and where it came from), write the file and say so. dtype is --dtype's value (auto is float32), and
+    gguf_type --gguf-type's (None: --dtype's type). `also`: an --export given with it, refused (one
+    format a command)."""
     if also is not None:
         raise UserError(f"--export-gguf={str(path)!r} and --export={also!r} write one format each (give one of them)")
+    file_type = gguf_file_type(dtype, gguf_type)
     check_gguf_file(path)  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load()
-    dtype = "float32" if dtype == "auto" else dtype
-    arch = export_gguf(model, tokenizer, path, dtype, source)
-    print(f"wrote {source} as a llama.cpp {arch} model in {dtype} to {path}", file=sys.stderr)
+    arch = export_gguf(model, tokenizer, path, file_type, source)
+    print(f"wrote {source} as a llama.cpp {arch} model in {file_type} to {path}", file=sys.stderr)
     if special_tokens(tokenizer).eos is None and tokenizer.vocab_size > LLAMA_CPP_DEFAULT_EOS:
         shown = tokenizer.decode([LLAMA_CPP_DEFAULT_EOS])
         print(
@@ -62,6 +62,24 @@ def write_gguf(path: Path, dtype: str, load: Callable[[], tuple[GPT, Tokenizer, 
             f"({shown!r}) for one: run it with --ignore-eos to generate past it",
             file=sys.stderr,
         )
+
+
+def gguf_file_type(dtype: str, gguf_type: str | None) -> str:
+    """The type of the file's matrices (FILE_TYPES) that --dtype and --gguf-type ask for; both given,
+    or an unknown type, is refused by name."""
+    if gguf_type is None:
+        return DTYPE_TYPES.get(dtype, "F32")  # auto: float32
+    if dtype != "auto":
+        raise UserError(
+            f"--gguf-type={gguf_type} and --dtype={dtype} both say how the file's matrices are stored (give one of "
+            f"them: --gguf-type {DTYPE_TYPES[dtype]} is --dtype {dtype})"
+        )
+    if gguf_type.upper() not in FILE_TYPES:
+        raise UserError(
+            f"--gguf-type={gguf_type} is not a type this export writes (use one of {', '.join(FILE_TYPES)}; "
+            f"llama.cpp's llama-quantize makes the others from an F32 or F16 file)"
+        )
+    return gguf_type.upper()
 
 
 def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
@@ -72,9 +90,10 @@ def check_gguf_file(path: Path, inputs: tuple[Path, ...] = ()) -> None:
     check_output_file(Path(path), "--export-gguf", is_export, GGUF_KIND, inputs)
 
 
-def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source: Path) -> str:
+def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, file_type: str, source: Path) -> str:
     """Write model and tokenizer to path as a GGUF file of the llama.cpp architecture that computes
-    the model, matrices in dtype (float32, float16 or bfloat16). Returns the architecture. A chat model
+    the model, matrices in file_type (FILE_TYPES: F32, F16, BF16, Q8_0, Q4_0, with gguf_tensors.tensor_type's
+    exceptions; or --dtype's float32, float16, bfloat16). Returns the architecture. A chat model
     trained with model.attn_documents is written as the plain causal model, as --export writes it, with a
     note saying so (exported_config). Everything is checked before the file is written, and the file
     appears whole or not at all."""
@@ -98,7 +117,7 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     try:
         add_model(writer, config, family, name=Path(path).stem, source=str(source))
         add_tokenizer(writer, tokenizer, vocabulary, special)
-        add_tensors(writer, tensors, dtype)
+        fell_back = add_tensors(writer, tensors, DTYPE_TYPES.get(file_type, file_type))
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -107,6 +126,13 @@ def export_gguf(model: GPT, tokenizer: Tokenizer, path: Path, dtype: str, source
     finally:
         temporary.unlink(missing_ok=True)
     note_plain_causal(model.config, tokenizer)
+    if fell_back:
+        print(
+            f"note: {len(fell_back)} matrices ({', '.join(fell_back[:3])}{', ...' if len(fell_back) > 3 else ''}) "
+            f"hold rows of a length that is not a multiple of {file_type}'s blocks of 32, so they are F16, as "
+            f"llama-quantize writes them",
+            file=sys.stderr,
+        )
     return family.gguf.arch
 
 
@@ -155,7 +181,8 @@ def _is_characters(state: dict) -> bool:
 
 def pre_tokenizer_name(state: dict, source: str) -> str:
     """The llama.cpp pre-tokenizer that splits text as a byte-level BPE's tokenizer.json does: GPT-2's
-    ByteLevel split ("gpt-2"), or a Split by one of SPLIT_PATTERNS before a plain ByteLevel. Another
+    ByteLevel split ("gpt-2"), SmolLM2's digits one at a time before it ("smollm"), or a Split by one of
+    SPLIT_PATTERNS before a plain ByteLevel. Another
     model, split or normalizer is refused by name. (Qwen2's NFC normalizer is let through, as
     llama.cpp's converter lets it: NFC leaves text alone unless it holds combining characters.)"""
     model = state.get("model") or {}
@@ -170,6 +197,8 @@ def pre_tokenizer_name(state: dict, source: str) -> str:
     name = None
     if len(steps) == 1 and steps[0].get("type") == "ByteLevel" and steps[0].get("use_regex"):
         name = "gpt-2"
+    elif len(steps) == 2 and [step.get("type") for step in steps] == ["Digits", "ByteLevel"]:  # SmolLM2's
+        name = "smollm" if steps[0].get("individual_digits") and steps[1].get("use_regex") else None
     elif len(steps) == 2 and [step.get("type") for step in steps] == ["Split", "ByteLevel"]:
         split, byte_level = steps
         plain = split.get("behavior") == "Isolated" and not split.get("invert") and not byte_level.get("use_regex")
@@ -179,7 +208,7 @@ def pre_tokenizer_name(state: dict, source: str) -> str:
     if name is None:
         raise UserError(
             f"--export-gguf cannot write the tokenizer of {source}: its pre-tokenizer or normalizer is none that "
-            f"llama.cpp reproduces here (GPT-2's ByteLevel split, Qwen2's or Llama 3's split pattern)"
+            f"llama.cpp reproduces here (GPT-2's ByteLevel split, SmolLM2's, Qwen2's or Llama 3's split pattern)"
         )
     if not all(char in byte_level_bytes() for token in model["vocab"] for char in token):
         raise UserError(f"--export-gguf cannot write the tokenizer of {source}: its tokens are not spelled in bytes")

@@ -15,10 +15,11 @@ import torch
 
 from data.conversations import end_of_turn, folder_template
 from data.files import atomic_open, check_output_folder, is_hub_id, make_dir
+from data.gguf_tokenizer import GGUF_SUFFIX
 from data.tokenizer import GPT2Tokenizer, JsonTokenizer, Tokenizer
 from errors import UserError
-from interop.families import Family, family_for, hf_config, tensors_to_hf
-from interop.hf import SAFETENSORS_NAME, load_dir, write_safetensors
+from interop.families import Family, family_for, hf_config, ignored_note, tensors_to_hf
+from interop.hf import SAFETENSORS_NAME, load_dir, read_config, write_safetensors
 from model import GPT, GPTConfig
 from trainer.checkpoint import non_finite
 
@@ -34,12 +35,14 @@ HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "to
 
 @dataclasses.dataclass
 class Pretrained:
-    """A model read from a Hugging Face folder: its family, our config and state dict, the folder."""
+    """A model read from a Hugging Face folder or a GGUF file: its family, our config and state dict, the
+    folder (or file), and a GGUF file's tokenizer (a folder's is read by folder_tokenizer)."""
 
     family: Family
     config: GPTConfig
     state: dict[str, torch.Tensor]
     directory: Path
+    tokenizer: Tokenizer | None = None
 
 
 def resolve_folder(value: str, key: str) -> Path:
@@ -65,18 +68,30 @@ def resolve_folder(value: str, key: str) -> Path:
 
 
 def load_pretrained(value: str, key: str) -> Pretrained:
-    """The model in a Hugging Face folder or hub id; any problem is a UserError naming key and file."""
+    """The model in a Hugging Face folder or hub id, or in a GGUF file (a path ending in .gguf); any
+    problem is a UserError naming key and file. The config.json keys it ignores, which no model code
+    reads, are named in one line on stderr."""
+    if Path(value).suffix == GGUF_SUFFIX:
+        from interop.gguf_read import read_gguf  # llama.cpp's files: a folder needs none of it
+
+        family, config, state, tokenizer = read_gguf(Path(value), key)
+        return Pretrained(family, config, state, Path(value), tokenizer)
     directory = resolve_folder(value, key)
     try:
         family, config, state = load_dir(directory)
+        note = ignored_note(read_config(directory), str(directory / "config.json"))
     except (ValueError, OSError, pickle.UnpicklingError, KeyError) as e:
         raise UserError(f"{key}={value!r} cannot be loaded: {e}") from None
+    if note is not None:
+        print(note, file=sys.stderr)
     return Pretrained(family, config, state, directory)
 
 
 def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
     """The tokenizer of a folder: its tokenizer.json, or GPT-2's BPE for a GPT-2 folder without one, with
-    the folder's chat template where it has one."""
+    the folder's chat template where it has one; a GGUF file's own."""
+    if pretrained.tokenizer is not None:
+        return _fitting(pretrained.tokenizer, pretrained, key, source=str(pretrained.directory))
     path = pretrained.directory / TOKENIZER_NAME
     if path.is_file():
         tokenizer = JsonTokenizer.from_file(path)
@@ -90,13 +105,19 @@ def folder_tokenizer(pretrained: Pretrained, key: str) -> Tokenizer:
     found = folder_template(pretrained.directory)  # an instruct model's own template: sample.py --chat, eval.py
     if found is not None:
         tokenizer.with_chat_template(*found)
+    source = path if path.is_file() else "GPT-2's BPE, the tokenizer of a GPT-2 folder without tokenizer.json"
+    return _fitting(tokenizer, pretrained, key, source)
+
+
+def _fitting(tokenizer: Tokenizer, pretrained: Pretrained, key: str, source: str) -> Tokenizer:
+    """The tokenizer, whose ids the model's embedding must all have rows for."""
     # a vocabulary may be padded beyond the tokenizer's ids (GPT-2's 50304 computes faster): those rows
     # are never sampled (sampling draws among the tokenizer's ids) nor trained towards (no text holds them)
     if tokenizer.vocab_size > pretrained.config.vocab_size:
-        source = path if path.is_file() else "GPT-2's BPE, the tokenizer of a GPT-2 folder without tokenizer.json"
+        settings = pretrained.directory if pretrained.tokenizer is not None else pretrained.directory / "config.json"
         raise UserError(
             f"{key}={str(pretrained.directory)!r} holds a model of vocab_size={pretrained.config.vocab_size} "
-            f"({pretrained.directory / 'config.json'}), fewer than the {tokenizer.vocab_size:,} tokens of its "
+            f"({settings}), fewer than the {tokenizer.vocab_size:,} tokens of its "
             f"tokenizer ({source}): the tokenizer does not belong to these weights (a vocabulary padded beyond "
             f"the tokenizer's, such as GPT-2's 50304, can be used)"
         )

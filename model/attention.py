@@ -117,7 +117,8 @@ class CausalSelfAttention(nn.Module):
     heads and c_proj projects them back. n_kv_head: key/value heads (0 = n_head; 1 = multi-query).
     qk_norm: builds the normalisation of one head's queries or keys from its size (head_dim); None
     leaves them as they are. value_mix: the layer mixes a value embedding into its values (ValueMix);
-    False leaves them as they are."""
+    False leaves them as they are. qkv_bias: c_attn has a bias even where bias is False (Qwen2's
+    queries, keys and values have biases, its output projection none)."""
 
     def __init__(
         self,
@@ -130,6 +131,7 @@ class CausalSelfAttention(nn.Module):
         n_kv_head: int = 0,
         qk_norm: Callable[[int], nn.Module] | None = None,
         value_mix: bool = False,
+        qkv_bias: bool = False,
     ):
         super().__init__()
         self.n_head = n_head
@@ -138,7 +140,7 @@ class CausalSelfAttention(nn.Module):
         self.q_dim = n_head * head_dim
         self.kv_dim = self.n_kv_head * head_dim
         # query, key, value for all heads, one after the other
-        self.c_attn = nn.Linear(n_embd, self.q_dim + 2 * self.kv_dim, bias=bias)
+        self.c_attn = nn.Linear(n_embd, self.q_dim + 2 * self.kv_dim, bias=bias or qkv_bias)
         self.c_proj = nn.Linear(self.q_dim, n_embd, bias=bias)
         self.q_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
         self.k_norm = qk_norm(head_dim) if qk_norm else nn.Identity()
@@ -221,32 +223,37 @@ class NoValueMix(nn.Module):
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al., RoFormer, 2021): the features of a head pair up, i with
-    i + D/2, and each pair turns by the angle position * base^(-2i/D). The dot product of a rotated
-    query and key then depends on their positions only through their distance.
+    i + D/2, and each pair turns by the angle position * inv_freq[i] (model/rope.py's tables: by default
+    base^(-2i/D), or one stretched for a longer context). The dot product of a rotated query and key
+    then depends on their positions only through their distance.
 
     Called with the tokens' positions, it returns the rotation for them, which every layer then
     applies to its queries and keys: the angles' cosines and sines are computed once per forward
     pass, in float32 (a table cast to bfloat16 with the model would be off by whole turns at far
-    positions)."""
+    positions), and multiplied by scale (YaRN's attention factor; 1 for the others)."""
 
-    def __init__(self, base: float, head_dim: int):
+    def __init__(self, inv_freq: torch.Tensor, scale: float = 1.0):
         super().__init__()
-        self.base = base
-        self.head_dim = head_dim
+        # a plain attribute, neither parameter nor buffer: no checkpoint holds it, and casting the model
+        # to bfloat16 leaves it in float32; forward moves it to the positions' device once
+        self.inv_freq = inv_freq.float()  # (D/2,)
+        self.scale = scale
 
     def forward(self, positions: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
         """positions: (1 or B, T), padding (negative) taken as 0. Returns the function that turns
         (1 or B, T, heads, head_dim) queries or keys at those positions."""
-        D = self.head_dim
-        inv_freq = self.base ** (-torch.arange(0, D, 2, device=positions.device, dtype=torch.float32) / D)  # (D/2,)
-        angles = positions.clamp(min=0)[:, :, None, None].float() * inv_freq  # (1 or B, T, 1, D/2)
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        angles = positions.clamp(min=0)[:, :, None, None].float() * self.inv_freq  # (1 or B, T, 1, D/2)
         cos, sin = angles.cos(), angles.sin()
+        if self.scale != 1.0:
+            cos, sin = cos * self.scale, sin * self.scale
         # each pair (a, b) = (x_i, x_i+D/2) turns to (a cos - b sin, b cos + a sin): x * cos, plus x
         # with its halves swapped times sin with the first half's sign flipped
         return functools.partial(rotate_pairs, cos=torch.cat([cos, cos], dim=-1), sin=torch.cat([-sin, sin], dim=-1))
 
     def extra_repr(self) -> str:
-        return f"base={self.base}, head_dim={self.head_dim}"
+        return f"head_dim={2 * self.inv_freq.numel()}" + (f", scale={self.scale}" if self.scale != 1.0 else "")
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

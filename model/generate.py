@@ -24,7 +24,7 @@ need at least one complete block. Other patterns need nothing here: the model's 
 apply them.
 """
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -47,6 +47,16 @@ def sample_next_token(
     """
     if temperature == 0:
         return logits.argmax(dim=-1)
+    probs = truncated_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+
+
+def truncated_logits(
+    logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> torch.Tensor:
+    """The (B, V) float32 logits of the distribution sample_next_token draws from at a temperature
+    above 0: their softmax is that distribution, their log_softmax its log-probabilities (-inf for
+    the tokens top_k and top_p leave out)."""
     # Shifted so the largest logit is 0, the scaled logits never overflow to +inf (whose softmax is
     # NaN); a temperature below float32's smallest normal number (1e-45 rounds to 0) divides as that
     # number does: every token but the most likely ones gets probability 0.
@@ -61,8 +71,7 @@ def sample_next_token(
         mass_before = probs.cumsum(dim=-1) - probs  # probability of the tokens ranked above each one
         sorted_logits = sorted_logits.masked_fill(mass_before >= top_p, float("-inf"))
         logits = torch.full_like(logits, float("-inf")).scatter(-1, sorted_ids, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+    return logits
 
 
 def slide_context(start: int, length: int, block_size: int) -> int:
@@ -97,6 +106,8 @@ def generate(
     use_cache: bool = True,
     pad: list[int] | None = None,
     compile: bool = False,
+    log_probs: list[torch.Tensor] | None = None,
+    step: Callable | None = None,
 ) -> Iterator[torch.Tensor]:
     """Yield (B,) new token ids, on the CPU, one step at a time, for a (B, T) prompt.
 
@@ -108,12 +119,20 @@ def generate(
     samples do not depend on the other rows; None draws from torch's global generator.
     compile: run the one-token step through torch.compile (CUDA graphs on a GPU); the prompt and
     every re-encoding after the context slides run eagerly.
+    step: the one-token step to call instead of the model (a CPU's inference/decode_step.py, which
+    computes what the model computes in fewer operations), called as the model is: step(idx (B, 1),
+    cache=, pad=, prefix=) -> (logits, _). The prompt and every re-encoding stay on the model; without
+    the cache, or for a block-causal model, there are no one-token steps and it is not called.
 
     The KV cache is preallocated and written in place (static, read whole and masked, when
     compiling), and the loop's only wait for the device is copying each step's (B,) tokens to the
     host. Sampling still makes small per-step tensors (per row when each row has its own generator).
     A compiled step is specialised to the batch size (its cache always holds block_size positions):
     a call with another batch size compiles again.
+
+    log_probs: a list to which each step appends, before it yields its tokens, their (B,)
+    log-probabilities under the distribution they were drawn from (truncated_logits; on the model's
+    device): what a policy-gradient loss needs of the sampler. Not for a block-causal model.
     """
     block_size = model.config.block_size
     B, width = prompt.shape
@@ -123,9 +142,13 @@ def generate(
             raise ValueError(
                 f"prompt row {row} has {width - start} tokens: it must hold 1 to block_size={block_size} tokens"
             )
+    if compile and step is not None:
+        raise ValueError("compile and step both replace the one-token step: give one of them")
     if generators is not None and len(generators) != B:
         raise ValueError(f"{len(generators)} generators for {B} prompt rows: pass one per row")
     if model.config.attn_block:
+        if log_probs is not None:
+            raise ValueError("log_probs: a block-causal model's samples record none")
         sampling = (temperature, top_k, top_p, vocab_size, generators)
         yield from _generate_by_blocks(model, prompt, starts, max_new_tokens, sampling, stop_token, use_cache)
         return
@@ -138,7 +161,8 @@ def generate(
     cache = model.new_cache(B, max_len, static=compile) if use_cache else None
     # the one-token step: CUDA graphs replay it without launching each kernel from Python
     mode = "reduce-overhead" if prompt.device.type == "cuda" else None
-    step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
+    if step is None:
+        step = torch.compile(model, mode=mode, dynamic=False) if compile and use_cache else model
     finished = torch.zeros(B, dtype=torch.bool, device=prompt.device)
     # prefix-LM: each row's prompt is its prefix (None: the model has no prefix)
     prefixes = [width - start for start in starts]
@@ -146,6 +170,9 @@ def generate(
     logits, window_pad = _encode(model, tokens, starts, length, cache, prefix)
     for i in range(max_new_tokens):
         next_token = _sample_rows(logits[:, -1, :vocab_size], temperature, top_k, top_p, generators)  # (B,)
+        if log_probs is not None:
+            sampled = truncated_logits(logits[:, -1, :vocab_size], temperature, top_k, top_p).log_softmax(dim=-1)
+            log_probs.append(sampled.gather(-1, next_token[:, None]).squeeze(-1))  # (B,)
         if stop_token is not None:
             next_token = next_token.masked_fill(finished, stop_token)
             finished |= next_token == stop_token
@@ -177,15 +204,16 @@ def _encode(
     model: GPT, tokens: torch.Tensor, starts: list[int], length: int, cache, prefix: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Encode every row's context from position 0 in one forward pass: the window from the earliest
-    row start to `length`, with each row's earlier tokens as padding. Returns the logits and that
-    padding (None when there is none), which the following one-token steps pass on."""
+    row start to `length`, with each row's earlier tokens as padding. Returns the last position's
+    logits (B, 1, V): the output layer, the largest product, is computed for it alone; and that padding
+    (None when there is none), which the following one-token steps pass on."""
     first = min(starts)
     pad = None
     if any(start > first for start in starts):
         pad = torch.tensor([start - first for start in starts], device=tokens.device)  # (B,)
     if cache is not None:
         cache.reset()
-    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad, prefix=prefix)
+    logits, _ = model(tokens[:, first:length], cache=cache, pad=pad, prefix=prefix, logits_to_keep=1)
     return logits, pad
 
 

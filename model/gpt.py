@@ -28,6 +28,7 @@ from .attention import BlockMask, CausalSelfAttention, NoRotation, Rotary, flex_
 from .gpt_config import GPTConfig
 from .kv_cache import KVCache, RollingKVCache
 from .masks import Rule, dense_mask, document_ids, document_positions, is_plain_causal, pattern_rule
+from .rope import rope_frequencies
 from .switches import (
     Backout,
     BigramTable,
@@ -80,7 +81,7 @@ class GPT(nn.Module):
         # the training loss: next-token cross-entropy, with multi-token prediction's later targets beside it
         self.loss = MultiTokenLoss(config.mtp_tokens, config.mtp_weight) if config.mtp_tokens else NextTokenLoss()
         # RoPE: each layer turns its queries and keys by the tokens' positions; learned: no turn
-        self.rotary = Rotary(config.rope_base, config.head_size) if config.pos_emb == "rope" else NoRotation()
+        self.rotary = Rotary(*rope_frequencies(config)) if config.pos_emb == "rope" else NoRotation()
         self.apply(_init_weights)
         # scale residual projections by 1/sqrt(2 * n_layer) so the residual stream does not grow with
         # depth: each block adds two of them (GPT-2 paper, section 2.3). zero_init_proj: zero, so each
@@ -240,6 +241,7 @@ class Block(nn.Module):
             n_kv_head=config.n_kv_head,
             qk_norm=partial(norm_layer, config) if config.qk_norm else None,
             value_mix=value_table(config, layer_idx) is not None,
+            qkv_bias=config.qkv_bias,
         )
         self.ln_2 = norm_layer(config)
         self.mlp = MLP_MODULES[config.mlp](config)

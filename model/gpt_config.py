@@ -28,6 +28,7 @@ MAX_ROPE_BASE = 1e12  # rope_base's upper end: far beyond the bases in use, it c
 POSITION_EMBEDDINGS = ("learned", "rope")  # the values of pos_emb (the modules: model/gpt.py's POSITION_TABLES)
 NORMS = ("layernorm", "rmsnorm")  # the values of norm, built by model/gpt.py's norm_layer
 MLPS = ("gelu", "relu2", "swiglu")  # the values of mlp (the modules: model/gpt.py's MLP_MODULES)
+ROPE_SCALINGS = ("none", "llama3", "yarn")  # the values of rope_scaling (the tables: model/rope.py)
 
 
 def _toml(value: object) -> str:
@@ -44,8 +45,19 @@ class GPTConfig:
     vocab_size: int = 0  # token ids the model predicts; 0 = the dataset's vocabulary
     dropout: float = 0.0  # dropout probability on embeddings, attention weights and residual branches
     bias: bool = True  # biases in Linear and LayerNorm layers, as in GPT-2
+    qkv_bias: bool = False  # with bias=false: biases on the queries, keys and values alone (Qwen2)
     pos_emb: str = "learned"  # "learned" (GPT-2: a table of block_size positions) or "rope" (rotary, in attention)
     rope_base: float = 10000.0  # rope: position p turns feature pair i by p * rope_base^(-2i/head_dim)
+    # a stretched RoPE (model/rope.py): the frequencies of a model pretrained with rope_original_context positions
+    rope_scaling: str = "none"  # "none", "llama3" (Llama 3.1, 3.2) or "yarn" (Qwen's long context)
+    rope_factor: float = 1.0  # llama3, yarn: how many times longer a context the frequencies are stretched for
+    rope_original_context: int = 0  # llama3, yarn: the context length the model was pretrained with
+    rope_low_freq_factor: float = 1.0  # llama3: wavelengths above rope_original_context / this are divided
+    rope_high_freq_factor: float = 4.0  # llama3: wavelengths below rope_original_context / this are kept
+    rope_beta_fast: float = 32.0  # yarn: pairs turning more often than this in rope_original_context are kept
+    rope_beta_slow: float = 1.0  # yarn: pairs turning less often than this are divided by rope_factor
+    rope_attention_factor: float = 0.0  # yarn: cos and sin are multiplied by it; 0 = 0.1 ln(rope_factor) + 1
+    rope_truncate: bool = True  # yarn: the ramp between fast and slow pairs starts and ends on whole pairs
     norm: str = "layernorm"  # "layernorm" (GPT-2) or "rmsnorm" (no mean subtracted, no bias)
     norm_eps: float = 1e-5  # added to the variance (or mean square) before its root, in every norm
     qk_norm: bool = False  # normalise each head's queries and keys (with `norm`'s kind) before their dot product
@@ -112,6 +124,7 @@ class GPTConfig:
                 f"rope_base={self.rope_base} is outside the accepted range (1, {MAX_ROPE_BASE:g}] (far beyond the "
                 f"bases in use: 10000 for short contexts, up to about 1e6 and more for long ones)"
             )
+        self._check_rope_scaling()
         if self.n_kv_head < 0 or (self.n_kv_head > 0 and self.n_head % self.n_kv_head != 0):
             raise ValueError(
                 f"n_kv_head={self.n_kv_head} does not divide n_head={self.n_head} "
@@ -131,6 +144,36 @@ class GPTConfig:
                 f"{self.n_layer // 2} (each table serves two of the n_layer={self.n_layer} layers, one at each end)"
             )
         self._check_neighbours()
+
+    def _check_rope_scaling(self) -> None:
+        if self.rope_scaling not in ROPE_SCALINGS:
+            raise ValueError(f"rope_scaling={self.rope_scaling!r} is not one of {', '.join(ROPE_SCALINGS)}")
+        if self.rope_scaling == "none":
+            return
+        if self.rope_factor < 1:
+            raise ValueError(
+                f"rope_factor={self.rope_factor} must be at least 1 with rope_scaling={self.rope_scaling!r} (the "
+                f"frequencies are stretched for a context rope_factor times rope_original_context long)"
+            )
+        if self.rope_original_context <= 0:
+            raise ValueError(
+                f"rope_original_context={self.rope_original_context} must be the positive context length the model "
+                f"was pretrained with, with rope_scaling={self.rope_scaling!r}"
+            )
+        if not 0 < self.rope_low_freq_factor < self.rope_high_freq_factor:
+            raise ValueError(
+                f"rope_low_freq_factor={self.rope_low_freq_factor} and rope_high_freq_factor="
+                f"{self.rope_high_freq_factor} must be positive, the low one the smaller (Llama 3.1's: 1 and 4)"
+            )
+        if not 0 < self.rope_beta_slow < self.rope_beta_fast:
+            raise ValueError(
+                f"rope_beta_slow={self.rope_beta_slow} and rope_beta_fast={self.rope_beta_fast} must be positive "
+                f"numbers of turns, the slow one the smaller (YaRN's: 1 and 32)"
+            )
+        if self.rope_attention_factor < 0:
+            raise ValueError(
+                f"rope_attention_factor={self.rope_attention_factor} must be positive, or 0 for 0.1 ln(rope_factor) + 1"
+            )
 
     def _check_pattern(self) -> None:
         for name in ("attn_window", "attn_sinks", "attn_block"):
@@ -205,7 +248,8 @@ class GPTConfig:
         q_dim = self.n_head * self.head_size  # what the heads read and write: n_embd unless head_dim is set
         qkv = q_dim + 2 * self.kv_heads * self.head_size  # c_attn's outputs: queries, keys, values
         qk_norm = 2 * per_feature * self.head_size if self.qk_norm else 0
-        attention = qkv * C + q_dim * C + (qkv + C if self.bias else 0) + qk_norm  # c_attn, c_proj
+        biases = qkv + C if self.bias else qkv if self.qkv_bias else 0  # c_attn's and c_proj's, or c_attn's alone
+        attention = qkv * C + q_dim * C + biases + qk_norm  # c_attn, c_proj
         mlp_matrices = 3 if self.mlp == "swiglu" else 2  # SwiGLU's c_fc holds gate and value
         mlp = mlp_matrices * C * hidden + ((mlp_matrices - 1) * hidden + C if self.bias else 0)
         per_block = 2 * norm + attention + mlp

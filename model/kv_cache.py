@@ -19,6 +19,8 @@ where the open document started); and, for the switches that read the token befo
 smear gate, the bigram table), each row's last token.
 """
 
+import copy
+
 import torch
 
 from .masks import UNWRITTEN, document_ids, document_positions
@@ -31,6 +33,9 @@ class KVCache:
     its tokens (`claim`, on the host), its attention layers write their keys and values into the
     claimed slots (`update`), and it ends with `advance`, which moves the device-side write position.
     """
+
+    # the buffers other than the keys and values that hold one row per sequence
+    ROW_TABLES = ("doc_ids", "eot_seen", "doc_start", "last_token")
 
     def __init__(
         self,
@@ -149,7 +154,44 @@ class KVCache:
 
     def _row_buffers(self) -> list[torch.Tensor]:
         """Every buffer with one row per sequence."""
-        return [*self.k, *self.v, self.doc_ids, self.eot_seen, self.doc_start, self.last_token]
+        return [*self.k, *self.v, *(getattr(self, name) for name in self.ROW_TABLES)]
+
+    # Rows that come and go (a server's requests): each row keeps its own padding, pad[b] slots before
+    # its first key, so rows of different lengths decode together as left-padded prompts do.
+
+    def rows(self, start: int, stop: int) -> "KVCache":
+        """The cache of rows start .. stop - 1 alone, sharing this cache's memory: a forward pass over
+        the rows in use writes here and computes nothing for the others. It starts at this cache's
+        write position, and counts its own from there."""
+        view = copy.copy(self)
+        view.k, view.v = [k[start:stop] for k in self.k], [v[start:stop] for v in self.v]
+        for name in self.ROW_TABLES:
+            setattr(view, name, getattr(self, name)[start:stop])
+        return view
+
+    def place(self, row: int, source: "KVCache", offset: int) -> None:
+        """Make `row` hold the one sequence of `source`, a cache of the same kind that holds one row: its
+        slots 0 .. source.pos - 1 become this row's slots offset .. offset + source.pos - 1, so that with
+        pad[row] = offset its keys keep their positions. The tables kept by position (documents) and
+        the row's last token come as they are, as far as this cache's length holds them."""
+        for mine, theirs in zip(self.k + self.v, source.k + source.v, strict=True):
+            mine[row, :, offset : offset + source.pos] = theirs[0, :, : source.pos]
+        self._place_tables(row, source)
+
+    def _place_tables(self, row: int, source: "KVCache") -> None:
+        for name in self.ROW_TABLES:
+            mine, theirs = getattr(self, name), getattr(source, name)
+            width = min(mine.size(1), theirs.size(1))
+            mine[row, :width] = theirs[0, :width]
+
+    def shift(self, by: int) -> None:
+        """Move every row's keys and values `by` slots later (earlier when negative), and the write
+        position with them: each row's padding grows by `by`. Slots moved out of the written range
+        are dropped; the caller shifts earlier by no more than every row's padding."""
+        start, stop = max(0, -by), self.pos
+        for buffer in self.k + self.v:
+            buffer[:, :, start + by : stop + by] = buffer[:, :, start:stop].clone()
+        self.pos += by
 
     def reset(self) -> None:
         """Forget the cached tokens; the memory is kept and overwritten."""
@@ -173,6 +215,8 @@ class RollingKVCache(KVCache):
     each row writes to its own slots; padding, and keys that a later key of the same call replaces,
     go to a scratch slot that is never read.
     """
+
+    ROW_TABLES = (*KVCache.ROW_TABLES, "positions")  # and the position each slot holds
 
     def __init__(self, *shape: int, window: int, sinks: int, **options):
         """shape: n_layer, batch_size, n_head, head_dim, max_len; options: device, dtype, static (see KVCache)."""
@@ -208,8 +252,16 @@ class RollingKVCache(KVCache):
         self.v[layer].scatter_(2, index, v)
         return keys, values
 
-    def _row_buffers(self) -> list[torch.Tensor]:
-        return [*super()._row_buffers(), self.positions]
+    def place(self, row: int, source: "KVCache", offset: int) -> None:
+        """As KVCache.place; the slots of a rolling cache are set by position, not by offset, so the
+        row's slots come as they are."""
+        for mine, theirs in zip(self.k + self.v, source.k + source.v, strict=True):
+            mine[row] = theirs[0]
+        self._place_tables(row, source)
+
+    def shift(self, by: int) -> None:
+        """As KVCache.shift: the write position moves; the slots, set by position, stay."""
+        self.pos += by
 
     def reset(self) -> None:
         super().reset()

@@ -1,5 +1,6 @@
 import contextlib
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,33 @@ def bpe_data_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("bpe_data")
     prepare_bundled("shakespeare", root)
     return root
+
+
+CHAT_WORDS = ["dog", "cat", "lamb", "crow", "deer", "goat", "swan", "bee", "horse", "mouse"]
+
+
+@pytest.fixture(scope="session")
+def chat_run(tmp_path_factory, data_dir) -> Path:
+    """A tiny character run fine-tuned for a few steps on spelling conversations (with document masking,
+    as the chat recipe trains)."""
+    from data.chat_dataset import prepare_chat
+    from data.conversations import read_conversations
+    from trainer.loop import Trainer
+
+    root = tmp_path_factory.mktemp("chat_run")
+    Trainer(tiny_config(root / "plain", data_dir, model__block_size=64, train__max_iters=4)).fit()
+    chats = root / "chats.jsonl"
+    records = [
+        {"messages": [{"role": "user", "content": f"spell: {w}"}, {"role": "assistant", "content": " ".join(w)}]}
+        for w in CHAT_WORDS * 3
+    ]
+    chats.write_text("".join(json.dumps(record) + "\n" for record in records))
+    prepare_chat(read_conversations(str(chats)), str(root / "plain"), root / "chat", source="chats.jsonl",
+                 block_size=64, val_fraction=0.2)  # fmt: skip
+    cfg = tiny_config(root / "run", root, data__dataset="chat", model__block_size=64, model__attn_documents=True,
+                      train__init_from=str(root / "plain"), train__max_iters=6)  # fmt: skip
+    Trainer(cfg).fit()
+    return root / "run"
 
 
 def tiny_values(out_dir: Path, data_dir: Path) -> dict:

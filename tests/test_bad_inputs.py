@@ -7,6 +7,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import struct
 import sys
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from trainer.loop import Trainer
 @dataclass
 class Case:
     id: str
-    script: str  # the entry point: train.py, sample.py, eval.py, data/prepare.py, plot.py or a bench/ script
+    script: str  # the entry point: train.py, sample.py, serve.py, eval.py, data/prepare.py, plot.py or a bench/ script
     args: list[str]  # run in a workspace holding tiny.toml, data/shakespeare_char and the trained run out/tiny
     message: str  # a fragment of the one-line error
     setup: Callable[[Path], None] = lambda workspace: None  # makes the bad input
@@ -216,6 +217,30 @@ def llama_dir_naming(**names: str) -> Callable[[Path], None]:
     return setup
 
 
+def gguf_file(fields: dict | None = None, types: dict | None = None) -> Callable[[Path], None]:
+    """model.gguf: a tiny Qwen2 model as sample.py --export-gguf writes it, with metadata (key -> (value,
+    type, sub type)) and tensor types changed as another program might write them; types by their names in
+    gguf's GGUFValueType and GGMLQuantizationType (gguf is imported when the file is made)."""
+
+    def setup(workspace: Path) -> None:
+        import gguf
+
+        from interop.gguf import export_gguf
+        from tests.test_gguf import rewrite_gguf
+
+        named = {
+            key: (value, kind and gguf.GGUFValueType[kind], sub) for key, (value, kind, sub) in (fields or {}).items()
+        }
+        tensor_types = {name: gguf.GGMLQuantizationType[kind] for name, kind in (types or {}).items()}
+
+        model = tiny_model(vocab_size=65, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True)
+        tokenizer = CharTokenizer("".join(chr(32 + i) for i in range(65)))
+        export_gguf(model, tokenizer, workspace / "plain.gguf", "float32", source=workspace)
+        rewrite_gguf(workspace / "plain.gguf", workspace / "model.gguf", named or None, tensor_types or None)
+
+    return setup
+
+
 def export_run(workspace: Path) -> None:
     """exported/: the trained run out/tiny as sample.py --export writes it, its 65 characters as a tokenizer.json."""
     path = workspace / "out" / "tiny" / "ckpt.pt"
@@ -290,11 +315,17 @@ def bpe_run_and_another_bpe_dataset(workspace: Path) -> None:
     Trainer(config).fit()
 
 
+# a port held for the session by a listening socket of this process: serve.py finds it in use
+BUSY_SOCKET = socket.create_server(("127.0.0.1", 0))
+BUSY_PORT = BUSY_SOCKET.getsockname()[1]
+
 TRAIN = ["--config", "tiny.toml"]
 RESUME = ["--config", "out/tiny/config.toml", "--train.init_from=resume"]
 EVAL = ["--out-dir", "out/tiny", "--device", "cpu", "--no-progress", "--tasks"]
 ITEM = '{"ctx": "ROMEO:", "endings": ["Peace!", "Away!"], "label": 0}\n'  # a good multiple-choice item
 TORCHRUN_OF_2 = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2"}
+# rank 0 of 2, meeting the other at a port of the system's choosing, where it never comes
+ALONE_OF_2 = TORCHRUN_OF_2 | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
 
 CORPUS_TEXT = (CORPUS_DIR / "tinyshakespeare.txt").read_text()[:5000]
 CHAT_PREPARE = ["--dataset", "chats.jsonl", "--chat", "--tokenizer", "char", "--out", "chat"]
@@ -334,6 +365,15 @@ def chat_dataset_without_trained_val_tokens(workspace: Path) -> None:
     chat_dataset_of_the_run(workspace)
     mask = workspace / "data" / "chat" / "val.mask.bin"
     mask.write_bytes(bytes(flags & ~TRAINED for flags in mask.read_bytes()))
+
+
+RL = ["--data.dataset=chat", "--train.init_from=out/tiny", "--rl.task=q.jsonl", "--rl.max_new_tokens=8"]
+RL_QUESTION = '{"messages": [{"role": "user", "content": "hi"}], "answer": "h o"}\n'  # a good generation item
+
+
+def chat_questions(text: str) -> Callable[[Path], None]:
+    """data/chat (out/tiny's characters with the chat template) and q.jsonl holding text."""
+    return lambda workspace: (chat_dataset_of_the_run(workspace), write("q.jsonl", text)(workspace))
 
 
 def lora_run(workspace: Path) -> None:
@@ -399,6 +439,13 @@ CATALOGUE = [
     Case("cuda-without-gpu", "train.py", [*TRAIN, "--train.device=cuda"], "train.device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
     Case("accumulation-across-ranks", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=3"], "train.gradient_accumulation_steps=3 does not divide among the 2 processes", env=TORCHRUN_OF_2),
     Case("one-gpu-for-many-ranks", "train.py", [*TRAIN, "--train.device=cuda:1", "--train.gradient_accumulation_steps=2"], "train.device='cuda:1' names one GPU, but torchrun started 2 processes", env=TORCHRUN_OF_2),
+    Case("torchrun-variables-incomplete", "train.py", TRAIN, "RANK=0 and WORLD_SIZE=2 are set but LOCAL_RANK is not: torchrun sets RANK, LOCAL_RANK and WORLD_SIZE", env={"RANK": "0", "WORLD_SIZE": "2"}),
+    Case("rank-beyond-the-world", "train.py", TRAIN, "RANK=2 is not below WORLD_SIZE=2: the ranks of a run are 0 .. 1", env=TORCHRUN_OF_2 | {"RANK": "2"}),
+    Case("local-rank-beyond-its-machine", "train.py", TRAIN, "LOCAL_RANK=1 is not below LOCAL_WORLD_SIZE=1", env=TORCHRUN_OF_2 | {"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "1"}),
+    Case("world-size-not-a-number", "train.py", TRAIN, "WORLD_SIZE='two' is not a whole number, 1 or more", env=TORCHRUN_OF_2 | {"WORLD_SIZE": "two"}),
+    Case("meeting-address-unset", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=2"], "MASTER_ADDR is not set: the processes of a run meet at MASTER_ADDR:MASTER_PORT", env=TORCHRUN_OF_2),
+    Case("processes-that-never-join", "train.py", [*TRAIN, "--train.gradient_accumulation_steps=2", "--train.join_timeout=1"], "the run's 2 processes did not all join within train.join_timeout=1 s (this is rank 0", env=ALONE_OF_2),
+    Case("join-timeout-beyond-range", "train.py", [*TRAIN, "--train.join_timeout=0"], "train.join_timeout=0.0 is outside the accepted range 1 .. 86,400"),
     # data
     Case("dataset-not-prepared", "train.py", [*TRAIN, "--data.dataset=nowhere"], "no prepared dataset at data/nowhere"),
     Case("dataset-smaller-than-context", "train.py", [*TRAIN, "--model.block_size=2000000"], "fewer than model.block_size + 1 = 2000001"),
@@ -431,7 +478,7 @@ CATALOGUE = [
     Case("damaged-metrics-line", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer", insert_metrics_line("{'step': oops")),
     Case("metrics-value-that-is-not-a-number", "train.py", RESUME, "out/tiny/metrics.jsonl line 2 is not a record of this trainer (loss=None is not a number)", insert_metrics_line('{"step": 3, "loss": null}')),
     # GPT-2 directories
-    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
+    Case("hf-family-we-cannot-compute", "train.py", [*TRAIN, "--train.init_from=llama"], "llama/config.json has model_type='mixtral', a family this model cannot compute (it reads gpt2, llama, qwen2, qwen3", llama_dir(lambda c: c.update(model_type="mixtral"))),
     Case("fine-tune-from-a-non-gpt2-directory", "train.py", [*TRAIN, "--train.init_from=notes"], "train.init_from='notes' cannot be loaded: notes has no config.json", write_files("notes/README.md")),
     Case("fine-tune-from-another-vocabulary", "train.py", [*TRAIN, "--train.init_from=gpt2"], "train.init_from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
@@ -445,7 +492,7 @@ CATALOGUE = [
     # evaluation items: every field's type and shape checked by name, the built-in tasks' records too
     Case("resume-with-other-eval-tasks", "train.py", [*RESUME, "--eval.tasks=items.jsonl"], "eval.tasks='items.jsonl' but the run in out/tiny scored no [eval] tasks", write("items.jsonl", ITEM)),
     # a first command without a config, a changed model pointed at another model's run
-    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: chat_shakespeare_char, finetune_shakespeare"),
+    Case("no-config", "train.py", [], "no --config given: choose a config file (shipped in configs/: chat_shakespeare_char, chat_shakespeare_rl, finetune_shakespeare"),
     Case("run-of-another-model", "train.py", [*TRAIN, "--train.out_dir=out/tiny", "--model.n_layer=3"], "train.out_dir='out/tiny' already holds a run (ckpt.pt) that this config cannot resume (model.n_layer=3 but the run in out/tiny was trained with 2): train it in another directory (--train.out_dir=out/NAME)"),
     # conversations (data/prepare.py --chat) and the runs that train on them
     Case("chat-dataset-to-a-plain-run", "train.py", [*RESUME, "--data.dataset=chat"], "data.dataset='chat' holds conversations, but the run in out/tiny was trained on plain text and cannot resume on them", chat_dataset_of_the_run),
@@ -461,6 +508,19 @@ CATALOGUE = [
     Case("lora-target-the-model-lacks", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.targets=gate_proj"], "lora.targets='gate_proj': this model (gelu MLP) has no gate_proj layer"),
     Case("lora-alpha-beyond-its-range", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--lora.rank=2", "--lora.alpha=1e30"], "lora.alpha=1e+30 is outside the accepted range (0, 2000] for lora.rank=2 and optim.learning_rate=0.001"),
     Case("resume-lora-with-another-alpha", "train.py", ["--config", "out/lora/config.toml", "--train.init_from=resume", "--lora.alpha=32"], "lora.alpha=32.0 but the run in out/lora was trained with 16.0, which a resumed run cannot change", lora_run),
+    # RL on checked answers (rl.* keys)
+    Case("rl-from-scratch", "train.py", [*TRAIN, "--rl.task=q.jsonl"], "rl.task='q.jsonl' rewards a trained model's answers, but train.init_from='scratch' gives none", write("q.jsonl", RL_QUESTION)),
+    Case("rl-one-answer-a-question", "train.py", [*TRAIN, *RL, "--rl.samples=1"], "rl.samples=1 gives each question one answer, whose reward is its group's mean: every advantage would be 0 (sample 2 or more, e.g. 8)", chat_questions(RL_QUESTION)),
+    Case("rl-temperature-zero", "train.py", [*TRAIN, *RL, "--rl.temperature=0"], "rl.temperature=0.0 is outside (0, 100] (a policy gradient needs sampled answers: 0 would be greedy", chat_questions(RL_QUESTION)),
+    Case("rl-reward-not-built-in", "train.py", [*TRAIN, *RL, "--rl.reward=mychecker.score"], "rl.reward='mychecker.score' is not one of task, exact, gsm8k_strict, gsm8k_flexible, numeric", chat_questions(RL_QUESTION)),
+    Case("rl-clip-beyond-range", "train.py", [*TRAIN, *RL, "--rl.updates=2", "--rl.clip=1"], "rl.clip=1.0 must be in (0, 1): the ratio is kept within 1 +- clip", chat_questions(RL_QUESTION)),
+    Case("rl-questions-across-ranks", "train.py", [*TRAIN, *RL, "--rl.questions=3", "--train.gradient_accumulation_steps=2"], "rl.questions=3 does not divide among the 2 processes torchrun started: each answers an equal share of a step's questions (use a multiple of 2)", env=TORCHRUN_OF_2),
+    Case("rl-more-micro-batches-than-answers", "train.py", [*TRAIN, *RL, "--rl.questions=1", "--rl.samples=2", "--train.gradient_accumulation_steps=4"], "train.gradient_accumulation_steps=4 gives each process 4 micro-batches, but it samples 2 answers a step", write("q.jsonl", RL_QUESTION)),
+    Case("rl-model-without-chat-template", "train.py", [*TRAIN, "--train.init_from=out/tiny", "--rl.task=q.jsonl"], "rl.task='q.jsonl': the model has no chat template, and answers are sampled through it", write("q.jsonl", RL_QUESTION)),
+    Case("rl-task-file-missing", "train.py", [*TRAIN, *RL, "--rl.task=questions.jsonl"], "rl.task 'questions.jsonl' is neither a built-in task (hellaswag, arc_easy, arc_challenge, piqa, lambada, gsm8k) nor a file", chat_questions(RL_QUESTION)),
+    Case("rl-task-multiple-choice", "train.py", [*TRAIN, *RL], "rl.task='q.jsonl' is a multiple-choice task; RL rewards sampled answers, so it needs a generation task", chat_questions(ITEM)),
+    Case("rl-numeric-reward-of-a-word", "train.py", [*TRAIN, *RL, "--rl.reward=numeric"], "q.jsonl item 1: field 'answer'='h o' is no number, and rl.reward='numeric' compares numbers", chat_questions(RL_QUESTION)),
+    Case("rl-answer-beyond-the-block", "train.py", [*TRAIN, *RL, "--rl.max_new_tokens=30"], "with rl.max_new_tokens=30 of answer it would not fit the model's block_size=32", chat_questions(RL_QUESTION)),
     # GGUF files for llama.cpp (sample.py --export-gguf)
     Case("schedule-not-stages", "train.py", [*TRAIN, "--train.block_size_schedule=16:0.3,32"], "train.block_size_schedule='16:0.3,32' is not a list of SIZE:UNTIL stages (a positive integer, then the fraction of train.max_iters it lasts until, rising inside (0, 1); after the last, model.block_size)"),
     Case("schedule-rows-longer-than-the-model", "train.py", [*TRAIN, "--train.block_size_schedule=64:0.5"], "train.block_size_schedule='64:0.5' trains rows of 64 tokens: each stage's length must lie in 1 .. model.block_size=32"),
@@ -540,6 +600,9 @@ CATALOGUE = [
     Case("prompt-file-missing", "sample.py", ["--prompt-file", "nothing.txt"], "--prompt-file='nothing.txt' does not exist"),
     Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
     Case("batch-size-of-zero", "sample.py", ["--batch-size", "0"], "--batch-size=0 is not allowed"),
+    Case("threads-below-zero", "sample.py", ["--threads", "-1"], "--threads=-1 is not allowed (use 0 up to 1024)"),
+    Case("precision-with-compile", "sample.py", ["--out-dir", "out/tiny", "--precision", "int8", "--compile"], "--precision=int8 does not apply here: torch.compile cannot trace its packed layers (leave --precision out, or decode a float32 model on an x86-64 CPU without --compile)"),
+    Case("precision-of-a-bfloat16-model", "sample.py", ["--out-dir", "out/missing", "--precision", "float16", "--dtype", "bfloat16"], "--precision=float16 does not apply here: float16 products are for a float32 model, and this one is bfloat16"),
     Case("unknown-sampling-device", "sample.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
     Case("sample-on-cuda-without-gpu", "sample.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
     Case("stop-text-ending-in-a-backslash", "sample.py", ["--stop", "a\\"], "ends in a lone backslash or holds an incomplete escape"),
@@ -564,10 +627,16 @@ CATALOGUE = [
     Case("shard-index-outside-the-directory", "sample.py", ["--init-from", "gpt2"], "names the shard '../tiny.toml', which is not a file in gpt2", shard_outside_the_directory),
     Case("nan-weights", "sample.py", ["--init-from", "gpt2"], "gpt2/model.safetensors: transformer.h.0.mlp.c_fc.weight holds 4,096 NaN and 0 infinite values (of 4,096)", gpt2_dir(weights=lambda t: t["transformer.h.0.mlp.c_fc.weight"].fill_(float("nan")))),
     Case("export-a-model-no-family-computes", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.logit_softcap=15.0 is computed by no Hugging Face family", edit_checkpoint(lambda c: c["config"]["model"].update(logit_softcap=15.0))),
-    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='yarn'; this model computes only 'default'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))),
+    Case("hf-key-we-cannot-compute", "sample.py", ["--init-from", "llama"], "llama/config.json sets rope_scaling.rope_type='linear'; this model computes only 'default' or 'llama3' or 'yarn'", llama_dir(lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 4.0}))),
     Case("hf-tokenizer-larger-than-the-embedding", "sample.py", ["--init-from", "llama"], "--init-from='llama' holds a model of vocab_size=65 (llama/config.json), fewer than the 70 tokens of its tokenizer (llama/tokenizer.json)", llama_dir(tokenizer_json=CharTokenizer("".join(chr(32 + i) for i in range(70))).to_json())),
     Case("hf-tokenizer-json-damaged", "sample.py", ["--init-from", "llama"], "llama/tokenizer.json is not a tokenizer.json that the tokenizers package can load", llama_dir(tokenizer_json='{"model": ')),
     Case("hub-model-offline", "sample.py", ["--init-from", "HuggingFaceTB/SmolLM2-135M"], "--init-from='HuggingFaceTB/SmolLM2-135M' is not a folder here, and the hub model HuggingFaceTB/SmolLM2-135M cannot be downloaded ("),
+    Case("gguf-not-a-gguf-file", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' is not a readable GGUF file (", write("model.gguf", "not a GGUF file\n")),
+    Case("gguf-architecture-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds general.architecture='phi3', which this model cannot compute (it reads gpt2, llama, qwen2, qwen3, stablelm)", gguf_file({"general.architecture": ("phi3", None, None)})),
+    Case("gguf-sentencepiece-tokenizer", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.model='llama' (SentencePiece): only llama.cpp's byte-level BPE", gguf_file({"tokenizer.ggml.model": ("llama", "STRING", None)})),
+    Case("gguf-pre-tokenizer-we-cannot-rebuild", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf holds tokenizer.ggml.pre='deepseek-llm', a split before BPE this reader does not rebuild", gguf_file({"tokenizer.ggml.pre": ("deepseek-llm", "STRING", None)})),
+    Case("gguf-type-we-cannot-dequantize", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf: blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize", gguf_file(types={"blk.0.ffn_up.weight": "F64"})),
+    Case("gguf-rope-stretch-we-cannot-compute", "sample.py", ["--init-from", "model.gguf"], "--init-from='model.gguf' cannot be loaded: model.gguf sets qwen2.rope.scaling.type='longrope', a stretched RoPE this model does not compute (it computes yarn, and Llama 3's rope_freqs.weight)", gguf_file({"qwen2.rope.scaling.type": ("longrope", "STRING", None)})),
     Case("gpt2-directory-of-another-vocabulary", "sample.py", ["--init-from", "gpt2"], "--init-from='gpt2' holds a model of vocab_size=64 (gpt2/config.json), fewer than the 50,257 tokens of its tokenizer (GPT-2's BPE", gpt2_dir()),
     # files of others, never overwritten
     Case("export-over-a-model", "sample.py", ["--out-dir", "out/tiny", "--export", "models/gpt2"], "--export='models/gpt2' already holds config.json, model.safetensors, where this writes its files: nothing there is replaced", write_files("models/gpt2/config.json", "models/gpt2/model.safetensors")),
@@ -604,12 +673,29 @@ CATALOGUE = [
     Case("gguf-path-exists", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file of an earlier sample.py --export-gguf: it is never replaced", write_files("model.gguf")),
     Case("gguf-path-before-loading", "sample.py", ["--out-dir", "out/missing", "--export-gguf", "model.gguf"], "--export-gguf='model.gguf' already exists and is not a GGUF file", write_files("model.gguf")),
     Case("gguf-path-without-suffix", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "out/tiny/model"], "--export-gguf='out/tiny/model' does not end in .gguf"),
+    Case("gguf-type-without-export", "sample.py", ["--out-dir", "out/tiny", "--gguf-type", "q8_0"], "--gguf-type=q8_0 applies to --export-gguf only (give --export-gguf FILE.gguf)"),
+    Case("gguf-type-unknown", "sample.py", ["--out-dir", "out/missing", "--export-gguf", "model.gguf", "--gguf-type", "q5_k"], "--gguf-type=q5_k is not a type this export writes (use one of F32, F16, BF16, Q8_0, Q4_0; llama.cpp's llama-quantize makes the others from an F32 or F16 file)"),
+    Case("gguf-type-with-dtype", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--gguf-type", "Q4_0", "--dtype", "float16"], "--gguf-type=Q4_0 and --dtype=float16 both say how the file's matrices are stored (give one of them: --gguf-type F16 is --dtype float16)"),
     Case("gguf-with-export", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf", "--export", "exported"], "--export-gguf='model.gguf' and --export='exported' write one format each (give one of them)"),
     Case("gguf-package-not-installed", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "this needs the Python package gguf, which is not installed here: pip install gguf (or pip install -e . in the checkout)", not_installed="gguf"),
-    Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("gguf-a-model-llama-cpp-cannot-run", "sample.py", ["--out-dir", "out/tiny", "--export-gguf", "model.gguf"], "--export-gguf cannot write this model: model.attn_window=8 is computed by no llama.cpp architecture (gpt2, llama, qwen2, qwen3, stablelm)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
     Case("gguf-special-token-the-tokenizer-lacks", "sample.py", ["--init-from", "llama", "--export-gguf", "model.gguf"], "llama/tokenizer.json has no token '<s>', which tokenizer_config.json names as its bos_token (add the token to the tokenizer, or name one it has)", llama_dir_naming(bos_token="<s>")),
     # residual-stream switches (model.value_embeds, unet_skips, backout, zero_init_proj)
     Case("export-a-model-with-unet-skips", "sample.py", ["--out-dir", "out/tiny", "--export", "exported"], "--export cannot write this model: model.unet_skips=true is computed by no Hugging Face family", edit_checkpoint(with_unet_skips)),
+    # ---- serve.py ----
+    # where it listens: checked before the model loads
+    Case("serve-port-out-of-range", "serve.py", ["--out-dir", "out/tiny", "--port", "70000"], "--port=70000 is not allowed (use 0 (a free port) to 65535)"),
+    Case("serve-port-in-use", "serve.py", ["--out-dir", "out/tiny", "--port", str(BUSY_PORT)], "is in use on 127.0.0.1 (choose another port, or 0 for a free one)"),
+    Case("serve-host-unknown", "serve.py", ["--out-dir", "out/tiny", "--host", "no-such-host.invalid", "--port", "0"], "--host='no-such-host.invalid' is neither an address nor a name this machine resolves"),
+    Case("serve-host-of-another-machine", "serve.py", ["--out-dir", "out/tiny", "--host", "192.0.2.1", "--port", "0"], "--host='192.0.2.1' is not an address of this machine (use 127.0.0.1, or 0.0.0.0 for all of them)"),
+    # the API key
+    Case("serve-api-key-file-missing", "serve.py", ["--out-dir", "out/tiny", "--api-key-file", "key.txt"], "--api-key-file='key.txt' does not exist (write the key to that file, or give it with --api-key)"),
+    Case("serve-api-key-file-empty", "serve.py", ["--out-dir", "out/tiny", "--api-key-file", "key.txt"], "--api-key-file='key.txt' holds no key (write the key in it as one line)", write("key.txt", "\n")),
+    Case("serve-api-key-with-a-space", "serve.py", ["--out-dir", "out/tiny", "--api-key", "two words"], "--api-key holds a key with a space or a character that is not printable ASCII"),
+    # limits and the model
+    Case("serve-no-rows", "serve.py", ["--out-dir", "out/tiny", "--max-batch", "0"], "--max-batch=0 is not allowed (use 1 to 1,024)"),
+    Case("serve-precision-of-a-bfloat16-model", "serve.py", ["--out-dir", "out/missing", "--port", "0", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16"),
+    Case("serve-without-a-run", "serve.py", ["--out-dir", "out/missing", "--port", "0"], "no checkpoint at out/missing/ckpt.pt"),
     # ---- eval.py ----
     # evaluation: every item is checked before any is scored; --json is written only when every task is
     Case("eval-item-missing-a-field", "eval.py", [*EVAL, "items.jsonl"], "items.jsonl item 2: field 'label' is missing", write("items.jsonl", ITEM + '{"ctx": "ROMEO:", "endings": ["a", "b"]}\n')),
@@ -642,6 +728,7 @@ CATALOGUE = [
     Case("eval-lambada-one-word", "eval.py", [*EVAL, "lambada=lambada.jsonl"], 'lambada.jsonl item 1: field \'text\'="Peace!" is one word', write("lambada.jsonl", '{"text": "Peace!"}\n')),
     Case("eval-tasks-only-commas", "eval.py", [*EVAL, ","], "--tasks names no task (give NAME, NAME=FILE or FILE"),
     Case("eval-tasks-empty", "eval.py", [*EVAL, ""], "--tasks names no task (give NAME, NAME=FILE or FILE"),
+    Case("eval-precision-of-a-bfloat16-model", "eval.py", [*EVAL, "items.jsonl", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16", write("items.jsonl", ITEM)),
     # outputs: a file is replaced only when it is an earlier output of its kind, checked before any work
     Case("eval-json-over-a-task-file", "eval.py", [*EVAL, "items.jsonl", "--json", "items.jsonl"], "--json='items.jsonl' is a file this command reads, which its output would replace (choose another --json)", write("items.jsonl", ITEM)),
     Case("eval-json-over-the-checkpoint", "eval.py", [*EVAL, "items.jsonl", "--json", "out/tiny/ckpt.pt"], "--json='out/tiny/ckpt.pt' is a file this command reads", write("items.jsonl", ITEM)),
@@ -694,6 +781,7 @@ CATALOGUE = [
     Case("gpu-report-over-another-file", "bench/gpu.py", ["--out", "report", "--smoke"], "--out='report/report.md' already exists and is not a file of an earlier report of bench/gpu.py", write_files("report/report.md")),
     # benchmarks: options checked in one place (bench/arguments.py) before anything is built or timed
     Case("bench-size-not-a-number", "bench/prepare.py", ["--megabytes", "nan"], "--megabytes=nan is not allowed (use a finite number above 0)"),
+    Case("bench-real-model-not-a-gguf-file", "bench/real_model.py", ["--gguf", "tiny.toml"], "--gguf='tiny.toml' is not a GGUF file (give a file ending in .gguf)"),
     # nanoGPT beside ours (bench/speedrun.py, bench/step_profile.py): a folder that is not a checkout of it
     Case("speedrun-not-nanogpt", "bench/speedrun.py", ["--nanogpt", "data", "--config", "tiny.toml"], "--nanogpt='data' is not a checkout of nanoGPT (no train.py, config/train_shakespeare_char.py, data/shakespeare_char/prepare.py)"),
     Case("step-profile-not-nanogpt", "bench/step_profile.py", ["--nanogpt", "out", "--config", "tiny.toml"], "--nanogpt='out' is not a checkout of nanoGPT"),

@@ -3,23 +3,20 @@ the context, Ctrl-C stopping a reply and not the session, one turn for scripts; 
 of a chat model, where transformers' apply_chat_template and greedy generate print what --chat prints."""
 
 import io
-import json
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from data.chat_dataset import prepare_chat
-from data.conversations import IM_END, chat_tokenizer, read_conversations, render_prompt
+from data.conversations import IM_END, chat_tokenizer, render_prompt
 from data.corpus import CORPUS_DIR
 from data.tokenizer import CharTokenizer
 from errors import UserError
 from inference.chat import Sampling, chat, fit_history, prompt_room
 from inference.load import model_from_checkpoint
-from tests.conftest import PROJECT_ROOT, tiny_config, tiny_model
+from tests.conftest import PROJECT_ROOT, tiny_model
 from trainer.checkpoint import load_checkpoint
-from trainer.loop import Trainer
 
 GREEDY = Sampling(max_new_tokens=12, temperature=0)
 
@@ -99,6 +96,17 @@ def test_one_turn_with_first_answers_and_ends():
     model, tokenizer, _ = scripted("god")
     messages, out, _ = talk(model, tokenizer, "never read", first="reverse: dog")
     assert out == "god\n" and [m["content"] for m in messages] == ["reverse: dog", "god"]
+
+
+def test_replies_and_notes_go_to_the_standard_streams_of_the_call_not_of_the_import(monkeypatch):
+    """chat() looks sys.stdout and sys.stderr up when called: a program (or a test) that replaces them
+    after importing it gets the reply, not the streams of the moment the module was first imported."""
+    model, tokenizer, _ = scripted("god")
+    out, notes = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", notes)
+    chat(model, tokenizer, GREEDY, torch.Generator().manual_seed(0), lines(), first="reverse: dog")
+    assert out.getvalue() == "god\n"
 
 
 def test_the_oldest_turns_leave_the_context_with_a_note_and_the_system_message_stays():
@@ -183,27 +191,6 @@ def test_chat_refuses_a_model_without_a_template():
 
 
 # --- a chat run, sampled through sample.py and exported ---------------------------------------------------
-
-WORDS = ["dog", "cat", "lamb", "crow", "deer", "goat", "swan", "bee", "horse", "mouse"]
-
-
-@pytest.fixture(scope="module")
-def chat_run(tmp_path_factory, data_dir):
-    """A tiny character run fine-tuned for a few steps on spelling conversations."""
-    root = tmp_path_factory.mktemp("chat_run")
-    Trainer(tiny_config(root / "plain", data_dir, model__block_size=64, train__max_iters=4)).fit()
-    chats = root / "chats.jsonl"
-    records = [
-        {"messages": [{"role": "user", "content": f"spell: {w}"}, {"role": "assistant", "content": " ".join(w)}]}
-        for w in WORDS * 3
-    ]
-    chats.write_text("".join(json.dumps(record) + "\n" for record in records))
-    prepare_chat(read_conversations(str(chats)), str(root / "plain"), root / "chat", source="chats.jsonl",
-                 block_size=64, val_fraction=0.2)  # fmt: skip
-    cfg = tiny_config(root / "run", root, data__dataset="chat", model__block_size=64, model__attn_documents=True,
-                      train__init_from=str(root / "plain"), train__max_iters=6)  # fmt: skip
-    Trainer(cfg).fit()
-    return root / "run"
 
 
 def run_sample(*args: str, stdin: str = "") -> subprocess.CompletedProcess:

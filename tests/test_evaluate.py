@@ -25,7 +25,9 @@ from evals.evaluate import (
     split_tokens,
 )
 from evals.tasks import GSM8K_JUDGE, LOCAL_JUDGE, Item, Question, Task, load_task, normalise
+from inference.decode_step import prepare_decoding
 from inference.load import model_from_checkpoint
+from inference.packed_linear import packing_unavailable
 from interop.pretrained import export_model
 from plot import Run, loss_figure
 from plot import main as plot_main
@@ -321,10 +323,12 @@ def generation_task(items: list[Question], max_new_tokens: int) -> Task:
 
 
 @pytest.mark.parametrize("batch_size", [1, 4, 100])
-def test_generation_acc_is_the_share_of_greedy_first_lines_equal_to_the_answer(batch_size):
+@pytest.mark.parametrize("decoding_step", [False, True], ids=["model", "decoding-step"])
+def test_generation_acc_is_the_share_of_greedy_first_lines_equal_to_the_answer(batch_size, decoding_step):
     """Half of the answers are the model's own greedy first line (spaced otherwise: normalisation),
     the other half that line with one more character: acc and every item's verdict as by hand,
-    whatever the batching (prompts of different lengths share a left-padded batch)."""
+    whatever the batching (prompts of different lengths share a left-padded batch), and as eval.py
+    decodes on a CPU: packed products and the one-token step of inference/decode_step.py."""
     tokenizer = shakespeare_chars()
     model = tiny_model(vocab_size=tokenizer.vocab_size, block_size=64)
     prompts = [item.prompt for item in load_task(str(TASKS / "line_end.jsonl"), limit=7).items]
@@ -335,9 +339,20 @@ def test_generation_acc_is_the_share_of_greedy_first_lines_equal_to_the_answer(b
         answer = "  " + " ".join(reply.split()).replace(" ", " \t ") + " " if right else reply.strip() + "x"
         items.append(Question(prompt, None, answer, f"item {n}"))
         expected.append(int(right))
-    result = evaluate_task(model, tokenizer, generation_task(items, 12), batch_size)
+    step = None
+    if decoding_step:
+        if packing_unavailable(torch.device("cpu"), torch.float32) is not None:
+            pytest.skip(packing_unavailable(torch.device("cpu"), torch.float32))
+        prepared, calls = prepare_decoding(model, torch.device("cpu")).step, []
+
+        def step(*args, **kwargs):
+            calls.append(1)
+            return prepared(*args, **kwargs)
+
+    result = evaluate_task(model, tokenizer, generation_task(items, 12), batch_size, step=step)
     assert result.predictions == expected
     assert result.metrics == {"acc": 4 / 7, "n": 7}
+    assert not decoding_step or calls  # the replies' tokens after the first came from the step
     assert result.centred == 4 / 7  # chance is 0
 
 

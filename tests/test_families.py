@@ -3,6 +3,9 @@ random models built with its own config classes (no download): import and export
 of transformers within 1e-4 in float32 and its greedy tokens, export then import gives back the
 same weights bit for bit, and every key or switch a family cannot compute is refused by name."""
 
+import ast
+import dataclasses
+import inspect
 import json
 
 import pytest
@@ -10,10 +13,21 @@ import torch
 
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, JsonTokenizer, train_bpe
 from errors import UserError
-from interop.families import CONVERSIONS, FAMILIES, FAMILY_BY_TYPE, family_for, markdown_tables, switches
+from interop.families import (
+    CONVERSIONS,
+    FAMILIES,
+    FAMILY_BY_TYPE,
+    ROPE_KEYS,
+    config_from_hf,
+    family_for,
+    ignored_keys,
+    markdown_tables,
+    switches,
+)
 from interop.hf import load_dir
 from interop.pretrained import export_model, model_from_pretrained
 from model import GPT, generate
+from model.rope import rope_frequencies
 from tests.conftest import PROJECT_ROOT, run_script, tiny_config, tiny_model
 from trainer.config import load_config
 from trainer.loop import Trainer
@@ -72,6 +86,47 @@ HF_MODELS = {
     "mistral-window": lambda: transformers.MistralForCausalLM(
         transformers.MistralConfig(**SIZES, head_dim=16, num_key_value_heads=2, sliding_window=8)
     ),
+    "qwen2-gqa-tied": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(**SIZES, num_key_value_heads=2, tie_word_embeddings=True)
+    ),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**SIZES, num_key_value_heads=4)),
+    # Llama 3.1's stretched RoPE over a pretrained context of 32 positions: heads of 16 have one pair
+    # kept, one blended and six divided
+    "llama-llama3-rope": lambda: transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            **SIZES,
+            num_key_value_heads=2,
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 10000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+        )
+    ),  # fmt: skip
+    # YaRN as Qwen2.5's model card sets it for a long context
+    "qwen2-yarn-rope": lambda: transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            **SIZES,
+            num_key_value_heads=2,
+            rope_parameters={
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 16,
+            },
+        )
+    ),  # fmt: skip
+    "stablelm-qkv-bias": lambda: transformers.StableLmForCausalLM(
+        transformers.StableLmConfig(
+            **SIZES,
+            num_key_value_heads=4,
+            use_qkv_bias=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0},
+        )
+    ),
     "gpt2": lambda: transformers.GPT2LMHeadModel(
         # GPT2Config's end-of-text id defaults to GPT-2's 50256, outside this vocabulary: a folder that
         # names a token it lacks is refused on import
@@ -122,6 +177,36 @@ OUR_MODELS = {
             "mlp_width": 40,
         },
         "qwen3",
+    ),  # fmt: skip
+    "qwen2": ({"pos_emb": "rope", "norm": "rmsnorm", "mlp": "swiglu", "bias": False, "qkv_bias": True}, "qwen2"),
+    "qwen2-gqa-untied-yarn": (
+        {
+            "pos_emb": "rope",
+            "norm": "rmsnorm",
+            "mlp": "swiglu",
+            "bias": False,
+            "qkv_bias": True,
+            "n_kv_head": 1,
+            "tie_embeddings": False,
+            "rope_scaling": "yarn",
+            "rope_factor": 4.0,
+            "rope_original_context": 12,
+        },
+        "qwen2",
+    ),  # fmt: skip
+    "llama-llama3-rope": (
+        {
+            "pos_emb": "rope",
+            "norm": "rmsnorm",
+            "mlp": "swiglu",
+            "bias": False,
+            "n_kv_head": 1,
+            "rope_scaling": "llama3",
+            "rope_factor": 8.0,
+            "rope_original_context": 32,
+            "rope_base": 10000.0,
+        },
+        "llama",
     ),  # fmt: skip
     "stablelm-quickstart": (
         {"pos_emb": "rope", "norm": "layernorm", "mlp": "swiglu", "qk_norm": True, "bias": False, "n_kv_head": 1},
@@ -308,18 +393,21 @@ def llama_config(config_class=transformers.LlamaConfig, **changes) -> dict:
 
 
 IMPORT_REFUSALS = {
-    "rope-scaling": (llama_config(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}), r"sets rope_parameters.rope_type='llama3'; this model computes only 'default'"),
-    "old-rope-scaling": (llama_config(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "linear", "factor": 2.0}), r"sets rope_scaling.type='linear', a key this model cannot compute"),
+    "linear-rope": (llama_config(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 8.0}), r"sets rope_parameters.rope_type='linear'; this model computes only 'default' or 'llama3' or 'yarn'"),
+    "old-rope-scaling": (llama_config(rope_parameters=None, rope_theta=1e4, rope_scaling={"type": "dynamic", "factor": 2.0}), r"sets rope_scaling.type='dynamic'; this model computes only 'default' or 'llama3' or 'yarn'"),
+    "llama3-rope-without-its-numbers": (llama_config(rope_parameters={"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}), r"lacks rope_parameters.low_freq_factor, which a llama3 RoPE needs"),
+    "rope-factor-not-a-number": (llama_config(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": "4"}), r"sets rope_parameters.factor='4', which is not a positive number"),
     "partial-rotary": (llama_config(transformers.StableLmConfig), r"sets rope_parameters.partial_rotary_factor=0.25; this model computes only 1.0"),
     "partial-rotary-left-out": ({k: v for k, v in llama_config(transformers.StableLmConfig).items() if k != "rope_parameters"}, r"leaves partial_rotary_factor out, which means 0.25; this model computes only 1.0"),
     "biases-that-differ": (llama_config(attention_bias=True, mlp_bias=False), r"sets attention_bias=True and mlp_bias=False; this model has biases everywhere or nowhere"),
     "qwen3-attention-bias": (llama_config(transformers.Qwen3Config, attention_bias=True), r"sets attention_bias=True; this model computes only False"),
+    "qwen2-sliding-window": (llama_config(transformers.Qwen2Config, num_key_value_heads=4, use_sliding_window=True), r"sets use_sliding_window=True; this model computes only False"),
     "heads-that-do-not-divide": ({"model_type": "gpt2", "n_embd": 64, "n_head": 3, "vocab_size": VOCAB}, r"sets n_embd=64 and n_head=3, which does not divide it: a gpt2 model's heads are n_embd / n_head wide"),
-    "stablelm-head-dim": (llama_config(transformers.StableLmConfig, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}, head_dim=32), r"sets head_dim=32, a key this model cannot compute"),
-    "mixture-of-experts": (llama_config(num_local_experts=8), r"sets num_local_experts=8, a key this model cannot compute"),
-    "moe-family": ({**llama_config(), "model_type": "qwen3_moe"}, r"has model_type='qwen3_moe', a family this model cannot compute \(it reads gpt2, llama, qwen3, stablelm, mistral\)"),
+    "stablelm-head-dim": (llama_config(transformers.StableLmConfig, rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 1.0}, head_dim=32), r"sets head_dim=32, a key transformers' stablelm model reads and this model does not compute"),
+    "encoder-decoder": (llama_config(is_encoder_decoder=True), r"sets is_encoder_decoder=True; this model computes only False"),
+    "moe-family": ({**llama_config(), "model_type": "qwen3_moe"}, r"has model_type='qwen3_moe', a family this model cannot compute \(it reads gpt2, llama, qwen2, qwen3, stablelm, mistral\)"),
     "activation": (llama_config(hidden_act="gelu"), r"sets hidden_act='gelu'; this model computes only 'silu'"),
-    "sliding-layers": (llama_config(transformers.Qwen3Config, head_dim=16, layer_types=["sliding_attention", "full_attention"]), r"sets layer_types with \['full_attention', 'sliding_attention'\]; this model computes only full_attention"),
+    "sliding-layers": (llama_config(transformers.Qwen3Config, head_dim=16, num_key_value_heads=4, layer_types=["sliding_attention", "full_attention"]), r"sets layer_types with \['full_attention', 'sliding_attention'\]; this model computes only full_attention"),
     "missing-size": (llama_config(num_hidden_layers=None), r"lacks num_hidden_layers: it is not a complete llama config.json"),
     "size-not-an-integer": (llama_config(hidden_size=64.5), r"sets hidden_size=64.5, which is not a positive integer"),
 }  # fmt: skip
@@ -338,7 +426,7 @@ def test_every_family_names_only_switches_and_settings_the_model_has():
     for family in FAMILIES:
         assert set(family.computes) == set(switches(tiny_model(VOCAB, 48).config)), family.model_type
         for weight in family.weights:
-            assert weight.convert in CONVERSIONS and weight.when in ("", "bias", "qk_norm", "untied")
+            assert weight.convert in CONVERSIONS and weight.when in ("", "bias", "qkv_bias", "qk_norm", "untied")
 
 
 def test_a_gpt2_bpe_model_exports_its_tokenizer_for_autotokenizer(tmp_path):
@@ -491,3 +579,171 @@ def test_a_tokenizer_larger_than_the_embedding_is_refused(llama_folder):
     ):
         model_from_pretrained(str(llama_folder), key="--init-from")
     assert config["vocab_size"] == 300
+
+
+# ------------------------------------------------------------------ published config.json files
+HF_CONFIGS = PROJECT_ROOT / "tests" / "hf_configs"
+# each published config.json (tests/hf_configs/README.md): its family and the keys it ignores, which its
+# transformers class does not define and no model code reads
+PUBLISHED = {
+    "gpt2.json": ("gpt2", ["n_ctx", "task_specific_params"]),
+    "smollm2-135m-instruct.json": ("llama", ["is_llama_config", "rope_interleaved", "transformers.js_config"]),
+    "smollm2-135m-instruct-from-gguf.json": ("llama", ["_model_name_or_path", "unk_token_id"]),
+    "tinyllama-1.1b-chat-v1.0.json": ("llama", []),
+    "qwen2.5-0.5b-instruct.json": ("qwen2", []),
+    "qwen3-0.6b.json": ("qwen3", []),
+    "llama-3.2-1b-instruct.json": ("llama", []),
+    "mistral-7b-v0.1.json": ("mistral", []),
+    "mistral-7b-v0.3.json": ("mistral", []),
+}
+# the published files that compute something this model does not, and what
+PUBLISHED_REFUSED = {
+    "stablelm-2-1_6b.json": r"sets partial_rotary_factor=0.25; this model computes only 1.0 \(it turns every feature of a head\)",
+}  # fmt: skip
+CONFIG_CLASSES = {
+    "gpt2": "GPT2Config", "llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+    "stablelm": "StableLmConfig", "mistral": "MistralConfig",
+}  # fmt: skip
+
+
+def test_every_published_config_is_tested():
+    assert sorted(p.name for p in HF_CONFIGS.glob("*.json")) == sorted([*PUBLISHED, *PUBLISHED_REFUSED])
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_a_published_config_loads_as_transformers_builds_it_ignoring_only_keys_no_model_code_reads(name):
+    hf = json.loads((HF_CONFIGS / name).read_text())
+    family, config = config_from_hf(hf, name)
+    model_type, ignored = PUBLISHED[name]
+    assert family.model_type == model_type and ignored_keys(hf) == ignored
+    reference = getattr(transformers, CONFIG_CLASSES[model_type]).from_dict(dict(hf))
+    for key in ignored:  # kept as plain attributes, which no modeling code reads (test below)
+        assert key not in family.defined and getattr(reference, key) == hf[key]
+    assert (config.n_layer, config.n_head, config.n_embd, config.vocab_size, config.block_size) == (
+        reference.num_hidden_layers, reference.num_attention_heads, reference.hidden_size, reference.vocab_size,
+        reference.max_position_embeddings,
+    )  # fmt: skip
+    if model_type == "gpt2":
+        return
+    assert config.kv_heads == reference.num_key_value_heads and config.mlp_hidden == reference.intermediate_size
+    head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
+    assert config.head_size == head_dim and config.norm_eps == reference.rms_norm_eps
+    assert config.attn_window == (getattr(reference, "sliding_window", None) or 0)
+    assert config.qkv_bias == (model_type == "qwen2") and config.tie_embeddings == reference.tie_word_embeddings
+    # the rotation, bit for bit (Llama 3.2's stretched table too)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    kind = reference.rope_parameters["rope_type"]
+    compute = LlamaRotaryEmbedding.compute_default_rope_parameters if kind == "default" else ROPE_INIT_FUNCTIONS[kind]
+    expected_table, expected_scale = compute(reference)
+    table, scale = rope_frequencies(config)
+    assert torch.equal(table, expected_table) and scale == expected_scale
+
+
+@pytest.mark.parametrize("name", PUBLISHED_REFUSED)
+def test_a_published_config_that_computes_otherwise_is_refused_naming_the_computation(name):
+    with pytest.raises(ValueError, match=f"^{name} " + PUBLISHED_REFUSED[name]):
+        config_from_hf(json.loads((HF_CONFIGS / name).read_text()), name)
+
+
+def test_keys_no_model_code_reads_load_with_a_one_line_note_and_the_logits_of_transformers(tmp_path, capsys):
+    """A folder whose config.json holds keys its class does not define (a tooling namespace,
+    transformers' own _model_name_or_path and unk_token_id, nanotron's flags, an expert count the
+    dense class never reads): transformers loads it ignoring them, and so does this model, saying so."""
+    reference = hf_reference("llama")
+    reference.save_pretrained(tmp_path / "hf")
+    extra = {"_model_name_or_path": "Smollm2 135M", "unk_token_id": 0, "is_llama_config": True,
+             "rope_interleaved": True, "num_local_experts": 8, "transformers.js_config": {"kv_cache_dtype": {}}}  # fmt: skip
+    config = json.loads((tmp_path / "hf" / "config.json").read_text()) | extra
+    config["rope_parameters"]["factor"] = 4.0  # read by no default rotation
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    (tmp_path / "hf" / "tokenizer.json").write_text(TOKENIZER.to_json())
+    capsys.readouterr()
+    ours, _, _ = model_from_pretrained(str(tmp_path / "hf"), key="--init-from")
+    note = capsys.readouterr().err.strip()
+    assert note == (
+        f"note: {tmp_path / 'hf' / 'config.json'}: ignored _model_name_or_path, unk_token_id, is_llama_config, "
+        f"rope_interleaved, num_local_experts, transformers.js_config, rope_parameters.factor: keys transformers' "
+        f"llama config does not define, which no model code reads"
+    )
+    assert_same_logits(ours, transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval())
+
+
+def consumed_keys(config_class: type) -> set[str]:
+    """The keys PreTrainedConfig's __post_init__ (and the class's own) take out of config.json's
+    leftovers: kwargs.pop("X") and kwargs.get("X"), read from their source."""
+    keys = set()
+    for cls in config_class.__mro__:
+        if "__post_init__" not in vars(cls):
+            continue
+        for node in ast.walk(ast.parse(inspect.getsource(cls.__post_init__).strip().replace("\n    ", "\n"))):
+            if (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("pop", "get")
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "kwargs" and node.args
+                and isinstance(node.args[0], ast.Constant) and not str(node.args[0].value).startswith("_")
+            ):  # fmt: skip
+                keys.add(node.args[0].value)
+    return keys
+
+
+def modeling_reads(model_type: str) -> set[str]:
+    """The config attributes a family's modeling module reads: config.X, self.config.X and
+    getattr/hasattr(config, "X"), from its parsed source (not from its comments)."""
+    module = __import__(f"transformers.models.{model_type}.modeling_{model_type}", fromlist=["_"])
+
+    def is_config(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "config") or (
+            isinstance(node, ast.Attribute) and node.attr == "config"
+        )
+
+    names = set()
+    for node in ast.walk(ast.parse(inspect.getsource(module))):
+        if isinstance(node, ast.Attribute) and is_config(node.value):
+            names.add(node.attr)
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+            and len(node.args) >= 2 and is_config(node.args[0]) and isinstance(node.args[1], ast.Constant)
+        ):  # fmt: skip
+            names.add(node.args[1].value)
+    return {name for name in names if isinstance(name, str) and not name.startswith("_")}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda family: family.model_type)
+def test_the_keys_a_family_defines_are_its_transformers_class_own(family):
+    """Family.defined, the keys a class defines (any other is ignored as no model code reads it), are the
+    installed transformers' own: its fields, aliases, the keys its __post_init__ consumes, RoPE's keys,
+    and what its modeling code reads (a newer transformers with a new field fails here, not silently)."""
+    config_class = getattr(transformers, CONFIG_CLASSES[family.model_type])
+    fields = {f.name for f in dataclasses.fields(config_class)}
+    # RoPE's keys where the class has rope_parameters (a class without keeps them, converted, to no effect)
+    expected = fields | set(config_class.attribute_map) | (consumed_keys(config_class) - set(ROPE_KEYS))
+    expected |= set(ROPE_KEYS) if "rope_parameters" in fields else set()
+    expected |= modeling_reads(family.model_type) - {"rope_parameters"} - set(vars(torch.nn.Module)) - {"training"}
+    assert set(family.defined) == expected
+    assert set(family.aliases) == set(config_class.attribute_map)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f.model_type != "gpt2"], ids=lambda f: f.model_type)
+def test_a_key_left_out_of_config_json_means_what_transformers_class_takes_it_to_mean(family):
+    """Each key the family reads, left out of config.json, takes the value its transformers class gives it
+    (Qwen3's head_dim 128, Mistral's window of 4096 and 8 key/value heads, StableLM's partial rotation)."""
+    config_class = getattr(transformers, CONFIG_CLASSES[family.model_type])
+    sizes = {"hidden_size": 256, "num_attention_heads": 32, "num_hidden_layers": 2, "vocab_size": 64,
+             "max_position_embeddings": 48}  # fmt: skip
+    built = config_class(**sizes)
+    for key, value in family.defaults.items():
+        if key == "partial_rotary_factor":
+            assert built.rope_parameters.get("partial_rotary_factor", 1.0) == value
+        elif value is None:  # derived: key/value heads as many as the heads, heads hidden_size / heads wide
+            derived = {"num_key_value_heads": 32, "head_dim": 8}[key]
+            assert (getattr(built, key, None) or derived) == derived, key
+        else:
+            assert getattr(built, key) == value, key
+    hf = {"model_type": family.model_type, **sizes, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}
+    hf["rope_parameters"] |= {"partial_rotary_factor": 1.0} if family.model_type == "stablelm" else {}
+    _, config = config_from_hf(hf, "config.json")
+    assert config.kv_heads == built.num_key_value_heads
+    assert config.head_size == (getattr(built, "head_dim", None) or 8)
+    assert config.mlp_hidden == built.intermediate_size
+    assert config.attn_window == (getattr(built, "sliding_window", None) or 0)

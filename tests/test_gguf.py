@@ -5,6 +5,7 @@ llama-cpp-python), llama.cpp's greedy continuation equals sample.py --temperatur
 import contextlib
 import io
 import json
+import math
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from interop.families import FAMILY_BY_TYPE, split_gate_up, split_qkv  # noqa: E
 from interop.gguf import export_gguf  # noqa: E402
 from interop.gguf_tensors import EXPORT_SOURCE_KEY, permute_rope, unpermute_rope  # noqa: E402
 from interop.pretrained import export_model  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from tests.conftest import PROJECT_ROOT, run_script, tiny_config, tiny_model  # noqa: E402
 from tests.test_chat import LLAMA3_SPLIT, QWEN2_SPLIT  # noqa: E402
 from tests.test_families import OUR_MODELS, QUICKSTART_SWITCHES, TOKENIZER, VOCAB, trained_like  # noqa: E402
@@ -67,6 +69,9 @@ def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
                 tensors[blk + their + ".bias"] = biases[our]
             continue
         rope_order = (lambda t, heads: permute_rope(t, heads)) if arch == "llama" else (lambda t, heads: t)
+        if config.qkv_bias and not config.bias:  # Qwen2's biases: the queries', keys' and values' alone
+            q, k, v = split_qkv(ours("attn.c_attn.bias"), config)
+            tensors[blk + "attn_q.bias"], tensors[blk + "attn_k.bias"], tensors[blk + "attn_v.bias"] = q, k, v
         for kind in ("weight", "bias") if config.bias else ("weight",):
             q, k, v = split_qkv(ours("attn.c_attn." + kind), config)
             tensors[blk + "attn_q." + kind] = rope_order(q, config.n_head)
@@ -86,7 +91,28 @@ def expected_tensors(model, arch: str) -> dict[str, torch.Tensor]:
         tensors["output_norm.bias"] = state["transformer.ln_f.bias"] if config.bias else torch.zeros(config.n_embd)
     if not config.tie_embeddings or arch == "stablelm":  # StableLM's llama.cpp reads no tied output layer
         tensors["output.weight"] = state["lm_head.weight"]
+    if config.rope_scaling == "llama3":  # the divisors of the plain frequencies, as llama.cpp's converter writes them
+        tensors["rope_freqs.weight"] = torch.tensor(llama3_rope_factors(config), dtype=torch.float32)
     return tensors
+
+
+def llama3_rope_factors(config) -> list[float]:
+    """Llama 3's stretch as llama.cpp's converter computes it (conversion/llama.py): per pair, 1 where the
+    wavelength is shorter than the original context / high_freq_factor, factor where longer than it /
+    low_freq_factor, 1 / ((1 - s) / factor + s) in between."""
+    D, base, original = config.head_size, config.rope_base, config.rope_original_context
+    low, high, factor = config.rope_low_freq_factor, config.rope_high_freq_factor, config.rope_factor
+    factors = []
+    for freq in (1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float32) / D)).tolist():
+        wavelength = 2 * math.pi / freq
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
 
 
 @pytest.mark.parametrize("key", GGUF_MODELS)
@@ -106,10 +132,17 @@ def test_gguf_file_holds_the_architecture_settings_and_our_tensors(key, tmp_path
     if config.pos_emb == "rope":
         assert field(reader, f"{arch}.rope.dimension_count") == config.head_size
         assert field(reader, f"{arch}.rope.freq_base") == pytest.approx(config.rope_base)
+    if config.rope_scaling == "yarn":
+        assert field(reader, f"{arch}.rope.scaling.type") == "yarn"
+        assert field(reader, f"{arch}.rope.scaling.factor") == config.rope_factor
+        assert field(reader, f"{arch}.rope.scaling.original_context_length") == config.rope_original_context
     expected = expected_tensors(model, arch)
     assert sorted(t.name for t in reader.tensors) == sorted(expected)
     for tensor in reader.tensors:
         assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+        if tensor.name == "rope_freqs.weight":  # computed in float32 here, in Python's floats by llama.cpp
+            np.testing.assert_allclose(tensor.data, expected[tensor.name].numpy(), rtol=1e-6, err_msg=tensor.name)
+            continue
         np.testing.assert_array_equal(tensor.data, expected[tensor.name].numpy(), err_msg=tensor.name)
     # every tensor is one llama.cpp's architecture has (gguf's table of them)
     names = {gguf.TENSOR_NAMES[t] for t in gguf.MODEL_TENSORS[{v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch]]}
@@ -133,6 +166,70 @@ def test_half_precision_export_holds_matrices_rounded_as_torch_rounds_them_and_n
             assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
     file_type = {"float16": gguf.LlamaFileType.MOSTLY_F16, "bfloat16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]
     assert field(reader, "general.file_type") == file_type
+
+
+@pytest.mark.parametrize("key", GGUF_MODELS)
+@pytest.mark.parametrize("file_type", ["Q8_0", "Q4_0"])
+def test_quantized_export_holds_matrices_quantized_by_gguf_and_keeps_the_rest_as_llama_quantize_does(
+    file_type, key, tmp_path
+):
+    """Matrices in the type, written by gguf's own quantizer (byte for byte); norm weights, biases and the
+    position table in F32; the output layer (or the token embedding tied to it) Q8_0 in a Q4_0 file."""
+    model, arch, reader = export(tmp_path, key, dtype=file_type)
+    expected = expected_tensors(model, arch)
+    output = "output.weight" if "output.weight" in expected else "token_embd.weight"
+    for tensor in reader.tensors:
+        wanted = expected[tensor.name].numpy()
+        if wanted.ndim == 1 or tensor.name.endswith("_norm.weight") or tensor.name == "position_embd.weight":
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F32, tensor.name
+            continue
+        kind = gguf.GGMLQuantizationType["Q8_0" if tensor.name == output else file_type]
+        if wanted.shape[-1] % 32:  # rows not in whole blocks (a SwiGLU MLP 85 wide): F16, as llama-quantize does
+            assert tensor.tensor_type == gguf.GGMLQuantizationType.F16, tensor.name
+            assert np.array_equal(np.asarray(tensor.data).reshape(wanted.shape), wanted.astype(np.float16))
+            continue
+        assert tensor.tensor_type == kind, tensor.name
+        assert np.array_equal(np.asarray(tensor.data), gguf.quants.quantize(wanted, kind)), tensor.name
+        rows = gguf.quants.dequantize(np.asarray(tensor.data), kind).reshape(wanted.shape)
+        # off by at most a block's step: its largest value over 127 (Q8_0) or 8 (Q4_0, whose -8..7 clamp one end)
+        step = {"Q8_0": 1 / 127, "Q4_0": 1 / 8}[kind.name]
+        assert np.abs(rows - wanted).max() <= 1.01 * step * np.abs(wanted).max(), tensor.name
+    assert field(reader, "general.file_type") == gguf.LlamaFileType[f"MOSTLY_{file_type}"]
+
+
+def test_a_matrix_whose_rows_do_not_fill_whole_blocks_is_written_in_float16_with_a_note(tmp_path, capsys):
+    """A SwiGLU MLP 8/3 as wide as 32 features is 85 wide: its output layer's rows are not in blocks of 32."""
+    model = trained_like(tiny_model(VOCAB, 48, bias=False, pos_emb="rope", norm="rmsnorm", mlp="swiglu"), 3)
+    export_gguf(model, TOKENIZER, tmp_path / "m.gguf", "Q8_0", source=tmp_path / "run")
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(tmp_path / "m.gguf").tensors}
+    assert types["blk.0.ffn_down.weight"] == types["blk.1.ffn_down.weight"] == "F16"
+    assert types["blk.0.ffn_up.weight"] == types["blk.0.attn_q.weight"] == "Q8_0"
+    assert (
+        "note: 2 matrices (blk.0.ffn_down.weight, blk.1.ffn_down.weight) hold rows of a length that is not a "
+        "multiple of Q8_0's blocks of 32, so they are F16, as llama-quantize writes them"
+    ) in capsys.readouterr().err
+
+
+# stretched RoPEs llama.cpp does not compute: Llama 3's table outside its "llama", YaRN with other betas
+STRETCH_REFUSALS = {
+    "llama3-in-qwen2": (
+        {**GGUF_MODELS["qwen2"][0], "rope_scaling": "llama3", "rope_factor": 8.0, "rope_original_context": 32},
+        r"model.rope_scaling='llama3' is computed by llama.cpp's llama but not by its qwen2",
+    ),
+    "yarn-betas": (
+        {**GGUF_MODELS["qwen2-gqa-untied-yarn"][0], "rope_beta_fast": 16.0},
+        r"model.rope_beta_fast=16.0 is computed by no llama.cpp architecture: its YaRN reads only beta_fast = 32",
+    ),
+}
+
+
+@pytest.mark.parametrize("key", STRETCH_REFUSALS)
+def test_a_stretched_rope_llama_cpp_does_not_compute_is_refused_by_name(key, tmp_path):
+    switches, message = STRETCH_REFUSALS[key]
+    model = tiny_model(VOCAB, 48, **switches)
+    with pytest.raises(UserError, match=r"^--export-gguf cannot write this model: " + message):
+        export_gguf(model, TOKENIZER, tmp_path / "model.gguf", "float32", source=tmp_path)
+    assert not (tmp_path / "model.gguf").exists()
 
 
 @pytest.mark.parametrize("heads, head_size", [(4, 8), (1, 16), (2, 2)])
@@ -238,7 +335,7 @@ def test_sample_py_replaces_its_own_earlier_export_and_nothing_else(tmp_path):
     for _ in range(2):  # the second run replaces the first's file
         written = run_script("sample.py", *args)
         assert written.returncode == 0, written.stderr
-        assert "as a llama.cpp llama model in float32" in written.stderr
+        assert "as a llama.cpp llama model in F32" in written.stderr
     assert gguf.GGUFReader(tmp_path / "m.gguf").fields["general.architecture"].contents() == "llama"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder", "m.gguf"]  # no temporary file left
 
@@ -337,6 +434,52 @@ def test_llama_cpp_runs_the_quickstart_model_as_sample_py_does(data_dir, tmp_pat
     model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
     source = ["--out-dir", str(tmp_path / "run")]
     assert_llama_cpp_agrees(tmp_path, source, tokenizer, "ROMEO:", 32 - len("ROMEO:"), model.eval())
+
+
+def llama_cpp_perplexity(path, windows: list[list[int]]) -> float:
+    """llama.cpp's perplexity of every token after each window's first (its KV cache in float32)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32}
+    width = len(windows[0])
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=width, logits_all=True, verbose=False, n_threads=1, **cache)
+    nll = []
+    for window in windows:
+        llm.reset()
+        llm.eval(window)
+        logits = torch.tensor(np.array(llm.scores[: width - 1]), dtype=torch.float64)
+        nll += torch.nn.functional.cross_entropy(logits, torch.tensor(window[1:]), reduction="none").tolist()
+    llm.close()
+    return float(np.exp(np.mean(nll)))
+
+
+# how far llama.cpp's perplexity of each type may lie above F32's on held-out text (docs/shipping.md)
+QUANTIZED_PERPLEXITY = {"F16": 1e-4, "Q8_0": 5e-3, "Q4_0": 3e-2}
+
+
+@llama_cpp_needed
+@pytest.mark.slow
+def test_llama_cpp_loads_each_quantized_file_within_its_perplexity_bound_of_float32(data_dir, tmp_path):
+    """A model trained for 200 steps on the quickstart's characters, scored on the first 1,024 characters of
+    the val split in windows of its 64-token context."""
+    from inference.load import model_from_checkpoint
+    from trainer.checkpoint import load_checkpoint
+
+    sizes = {"model__n_embd": 64, "model__block_size": 64, "train__eval_interval": 200, "optim__lr_decay_iters": 200}
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=200, **sizes)).fit()
+    model, tokenizer = model_from_checkpoint(load_checkpoint(tmp_path / "run" / "ckpt.pt"), tmp_path / "run")
+    val = np.fromfile(data_dir / "shakespeare_char" / "val.bin", dtype=np.uint16).astype(int).tolist()
+    windows = [val[start : start + 64] for start in range(0, 1024, 64)]
+    with torch.no_grad():
+        logits = model(torch.tensor(windows))[0][:, :-1].double()
+    ours = float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), torch.tensor(windows)[:, 1:].flatten()).exp())
+    perplexity = {}
+    for file_type in ("F32", *QUANTIZED_PERPLEXITY):
+        path = tmp_path / f"{file_type}.gguf"
+        export_gguf(model, tokenizer, path, file_type, source=tmp_path / "run")
+        perplexity[file_type] = llama_cpp_perplexity(path, windows)
+    assert perplexity["F32"] == pytest.approx(ours, rel=1e-5)
+    for file_type, bound in QUANTIZED_PERPLEXITY.items():
+        assert perplexity[file_type] <= perplexity["F32"] * (1 + bound), (file_type, perplexity)
 
 
 # ------------------------------------------------------------------ a folder's special tokens, and a run's
@@ -584,3 +727,196 @@ def test_llama_cpp_chat_replies_as_sample_py_chat_to_a_model_trained_with_docume
     assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant"] and not notes
     for turn in (2, 4):
         assert their_reply(messages[:turn], 12) == messages[turn]["content"]
+
+
+# ------------------------------------------------------------------ GGUF files in (interop/gguf_read.py)
+def rewrite_gguf(source, path, fields: dict | None = None, types: dict | None = None, drop: tuple = ()) -> None:
+    """A copy of a GGUF file with some metadata changed (fields: key -> (value, type, sub_type), value None
+    drops the key) and some tensors stored in other types (types: name -> a GGMLQuantizationType, the
+    values quantized by gguf's own quantize) or left out (drop): the files llama.cpp's tools write."""
+    reader = gguf.GGUFReader(source)
+    fields = fields or {}
+    writer = gguf.GGUFWriter(path, str(fields.get("general.architecture", (field(reader, "general.architecture"),))[0]))
+    for name, entry in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in fields:
+            continue
+        sub_type = entry.types[1] if entry.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, entry.contents(), entry.types[0], sub_type=sub_type)
+    for name, (value, kind, sub_type) in fields.items():
+        if value is not None and name != "general.architecture":
+            writer.add_key_value(name, value, kind, sub_type=sub_type)
+    for tensor in reader.tensors:
+        if tensor.name in drop:
+            continue
+        kind = (types or {}).get(tensor.name)
+        values = np.array(tensor.data)
+        if kind is None:
+            writer.add_tensor(tensor.name, values, raw_dtype=tensor.tensor_type)
+        elif kind == gguf.GGMLQuantizationType.F64:
+            writer.add_tensor(tensor.name, values.astype(np.float64), raw_dtype=kind)
+        else:
+            writer.add_tensor(tensor.name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("key", GGUF_MODELS)
+def test_a_gguf_file_reads_back_as_the_model_it_was_written_from_bit_for_bit(key, tmp_path):
+    """--init-from MODEL.gguf: the architecture's settings become the model's config, the tensors its
+    weights (llama's query and key rows back in transformers' order, GPT-2's Conv1D layout, StableLM's
+    stacked per-head norms, a tied head, Qwen2's biases, Llama 3's rope_freqs and YaRN's settings), the
+    tokenizer the same ids."""
+    from interop.pretrained import folder_tokenizer, load_pretrained
+
+    model, _, _ = export(tmp_path, key)
+    pretrained = load_pretrained(str(tmp_path / f"{key}.gguf"), key="--init-from")
+    assert pretrained.config == model.config
+    assert set(pretrained.state) == set(model.state_dict())
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(pretrained.state[name], tensor), name
+    tokenizer = folder_tokenizer(pretrained, key="--init-from")
+    assert tokenizer.encode("ABCABD") == TOKENIZER.encode("ABCABD") and tokenizer.decode([1, 2, 3]) == "BCD"
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q4_0", "Q4_1", "Q5_1", "F16", "BF16"])
+def test_a_quantized_gguf_file_loads_dequantized_as_gguf_dequantizes_it(kind, tmp_path):
+    from interop.pretrained import load_pretrained
+
+    model, arch, reader = export(tmp_path, "qwen2")
+    # the matrices whose rows fill whole blocks of 32 (llama.cpp's quantize leaves the others so too)
+    quantized = {t.name: gguf.GGMLQuantizationType[kind] for t in reader.tensors if len(t.shape) == 2 and t.shape[0] % 32 == 0}  # fmt: skip
+    rewrite_gguf(tmp_path / "qwen2.gguf", tmp_path / "quantized.gguf", types=quantized)
+    pretrained = load_pretrained(str(tmp_path / "quantized.gguf"), key="--init-from")
+    stored = {t.name: t for t in gguf.GGUFReader(tmp_path / "quantized.gguf").tensors}
+    gate = stored["blk.1.ffn_gate.weight"]
+    assert gate.tensor_type == gguf.GGMLQuantizationType[kind]
+    expected = torch.from_numpy(np.array(gguf.quants.dequantize(gate.data, gate.tensor_type), dtype=np.float32))
+    hidden = model.config.mlp_hidden
+    assert torch.equal(pretrained.state["transformer.h.1.mlp.c_fc.weight"][:hidden], expected.reshape(hidden, -1))
+    embedding = stored["token_embd.weight"]
+    expected = np.array(gguf.quants.dequantize(embedding.data, embedding.tensor_type), dtype=np.float32)
+    assert torch.equal(pretrained.state["transformer.wte.weight"], torch.from_numpy(expected).reshape(VOCAB, -1))
+    GPT(pretrained.config).load_state_dict(pretrained.state)  # every tensor of its shape
+
+
+def test_llama_cpps_rope_freqs_of_llama_3_2_read_as_its_published_settings():
+    """A Llama 3.1/3.2 GGUF from llama.cpp's converter holds only the divisors (rope_freqs.weight, in
+    Python's floats); they read as Llama 3.2's factor 32, low 1, high 4 over 8192 positions, whose table
+    is transformers' own."""
+    from interop.gguf_read import llama3_settings
+
+    config = GPTConfig(n_layer=1, n_head=32, n_embd=2048, pos_emb="rope", rope_base=500000.0, rope_scaling="llama3",
+                       rope_factor=32.0, rope_original_context=8192)  # fmt: skip
+    divisors = torch.tensor(llama3_rope_factors(config), dtype=torch.float32)
+    settings = llama3_settings(None, 500000.0, 64, divisors, "Llama-3.2-1B.gguf")
+    assert settings == {"rope_scaling": "llama3", "rope_factor": 32.0, "rope_low_freq_factor": 1.0,
+                        "rope_high_freq_factor": 4.0, "rope_original_context": 8192}  # fmt: skip
+    with pytest.raises(ValueError, match=r"^other.gguf: rope_freqs.weight is no Llama 3.1/3.2 stretch"):
+        llama3_settings(None, 500000.0, 64, divisors.flip(0), "other.gguf")
+
+
+# files of a kind this reader refuses, each in one line naming what
+GGUF_IN_REFUSALS = {
+    "architecture": ({"general.architecture": ("phi3", None, None)}, {}, (), r"holds general.architecture='phi3', which this model cannot compute \(it reads gpt2, llama, qwen2, qwen3, stablelm\)"),
+    "sentencepiece": ({"tokenizer.ggml.model": ("llama", gguf.GGUFValueType.STRING, None)}, {}, (), r"holds tokenizer.ggml.model='llama' \(SentencePiece\): only llama.cpp's byte-level BPE"),
+    "pre-tokenizer": ({"tokenizer.ggml.pre": ("deepseek-llm", gguf.GGUFValueType.STRING, None)}, {}, (), r"holds tokenizer.ggml.pre='deepseek-llm', a split before BPE this reader does not rebuild"),
+    "tensor-type": ({}, {"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.F64}, (), r"blk.0.ffn_up.weight is of type F64, which the gguf package cannot dequantize"),
+    "partial-rotary": ({"qwen2.rope.dimension_count": (8, gguf.GGUFValueType.UINT32, None)}, {}, (), r"sets qwen2.rope.dimension_count=8 for heads 16 wide: it turns part of each head"),
+    "linear-rope": ({"qwen2.rope.scaling.type": ("linear", gguf.GGUFValueType.STRING, None), "qwen2.rope.scaling.factor": (2.0, gguf.GGUFValueType.FLOAT32, None)}, {}, (), r"sets qwen2.rope.scaling.type='linear', a stretched RoPE this model does not compute"),
+    "missing-tensor": ({}, {}, ("blk.1.attn_k.bias",), r"lacks the tensor model.layers.1.self_attn.k_proj.bias"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", GGUF_IN_REFUSALS)
+def test_a_gguf_file_this_model_cannot_read_is_refused_in_one_line(key, tmp_path):
+    from interop.pretrained import model_from_pretrained
+
+    fields, types, drop, message = GGUF_IN_REFUSALS[key]
+    export(tmp_path, "qwen2")
+    rewrite_gguf(tmp_path / "qwen2.gguf", tmp_path / "odd.gguf", fields, types, drop)
+    with pytest.raises(
+        UserError, match=r"^--init-from='.*odd.gguf' cannot be loaded: .*odd.gguf:? " + message
+    ) as error:
+        model_from_pretrained(str(tmp_path / "odd.gguf"), key="--init-from")
+    assert "\n" not in str(error.value)
+
+
+def test_a_file_that_is_not_gguf_is_refused_in_one_line(tmp_path):
+    from interop.pretrained import model_from_pretrained
+
+    (tmp_path / "model.gguf").write_bytes(b"not a GGUF file at all")
+    with pytest.raises(UserError, match=r"^--init-from='.*model.gguf' is not a readable GGUF file \("):
+        model_from_pretrained(str(tmp_path / "model.gguf"), key="--init-from")
+    with pytest.raises(UserError, match=r"^--init-from='.*missing.gguf' is not a file \(give a .gguf file"):
+        model_from_pretrained(str(tmp_path / "missing.gguf"), key="--init-from")
+
+
+@pytest.mark.slow
+def test_sample_py_from_a_gguf_file_prints_what_it_prints_from_the_folder(tmp_path):
+    model = trained_like(tiny_model(VOCAB, 48, **GGUF_MODELS["llama-llama3-rope"][0]), 3)
+    export_model(model, TOKENIZER, tmp_path / "folder")
+    export_gguf(model, TOKENIZER, tmp_path / "model.gguf", "float32", source=tmp_path / "folder")
+    greedy = ["--prompt", "ABCABD", "--temperature", "0", "--max-new-tokens", "30", "--device", "cpu"]
+    from_folder = run_script("sample.py", "--init-from", str(tmp_path / "folder"), *greedy)
+    from_file = run_script("sample.py", "--init-from", str(tmp_path / "model.gguf"), *greedy)
+    assert from_folder.returncode == 0 and from_file.returncode == 0, from_file.stderr
+    assert from_file.stdout == from_folder.stdout
+
+
+@pytest.mark.slow
+def test_a_gguf_file_fine_tunes_on_text_prepared_with_its_own_tokenizer(tmp_path):
+    """prepare.py --tokenizer MODEL.gguf, then train.init_from = MODEL.gguf: the run takes the file's
+    architecture and weights, trains, and samples."""
+    text = (PROJECT_ROOT / "data" / "tinyshakespeare.txt").read_text()[:100_000]
+    tokenizer = train_bpe([text], 300, progress=False)
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, **GGUF_MODELS["qwen2"][0]), 3)
+    export_gguf(model, tokenizer, tmp_path / "model.gguf", "float32", source=tmp_path)
+    (tmp_path / "corpus.txt").write_text(text)
+    prepared = run_script("data/prepare.py", "--dataset", str(tmp_path / "corpus.txt"), "--tokenizer",
+                          str(tmp_path / "model.gguf"), "--out", str(tmp_path / "data" / "notes"))  # fmt: skip
+    assert prepared.returncode == 0, prepared.stderr
+    cfg = tiny_config(tmp_path / "run", tmp_path / "data", data__dataset="notes", train__max_iters=3,
+                      train__init_from=str(tmp_path / "model.gguf"), model__block_size=32)  # fmt: skip
+    trainer = Trainer(cfg)
+    assert trainer.cfg.model.qkv_bias and not trainer.cfg.model.bias and trainer.cfg.model.n_layer == 2
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(trainer.model.state_dict()[name], tensor), name
+    trainer.fit()
+    sampled = run_script("sample.py", "--out-dir", str(tmp_path / "run"), "--prompt", "ROMEO:", "--max-new-tokens", "5")
+    assert sampled.returncode == 0 and sampled.stdout.startswith("ROMEO:"), sampled.stderr
+
+
+def digits_bpe() -> JsonTokenizer:
+    """A tiny byte-level BPE that splits every digit off before GPT-2's split, as SmolLM2's does."""
+    import tokenizers
+    from tokenizers import pre_tokenizers
+
+    model = tokenizers.Tokenizer(tokenizers.models.BPE())
+    model.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    model.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    model.train_from_iterator(["ROMEO: What light through yonder window breaks? 12345 " * 30], trainer=trainer)
+    return JsonTokenizer(model.to_str(), source="digits/tokenizer.json")
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "qwen2", "llama-bpe"])
+def test_a_tokenizer_travels_through_a_gguf_file_and_back_with_its_ids_and_template(pre, tmp_path):
+    from interop.pretrained import folder_tokenizer, load_pretrained
+
+    tokenizer = {"gpt-2": GPT2Tokenizer, "smollm": digits_bpe, "qwen2": lambda: split_bpe(QWEN2_SPLIT),
+                 "llama-bpe": lambda: split_bpe(LLAMA3_SPLIT)}[pre]()  # fmt: skip
+    tokenizer = chat_tokenizer(tokenizer)
+    model = trained_like(tiny_model(tokenizer.vocab_size, 48, **GGUF_MODELS["qwen3"][0]), 3)
+    export_gguf(model, tokenizer, tmp_path / "model.gguf", "float32", source=tmp_path)
+    assert field(gguf.GGUFReader(tmp_path / "model.gguf"), "tokenizer.ggml.pre") == pre
+    back = folder_tokenizer(load_pretrained(str(tmp_path / "model.gguf"), key="--init-from"), key="--init-from")
+    text = "ROMEO: What  light's 12345 through\n\nyonder naïve window<|endoftext|> breaks?"
+    assert back.encode(text) == tokenizer.encode(text)
+    assert back.decode(tokenizer.encode(text)) == tokenizer.decode(tokenizer.encode(text))
+    assert back.chat_template == tokenizer.chat_template and back.eot_token == tokenizer.eot_token

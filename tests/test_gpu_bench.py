@@ -63,7 +63,7 @@ def test_smoke_run_of_every_part_needs_only_what_the_gpu_image_holds(tmp_path, a
         "dense bool mask (2, 1, 64, 64))"
     )
     assert figures["compiled static cache (CUDA graphs)"].startswith("skipped: no CUDA")
-    assert figures["decoding batch 1: ours, cache, eager, nn.Linear"].endswith("x transformers)")
+    assert figures["decoding batch 1: ours, model's step, nn.Linear"].endswith("x transformers)")
     assert re.search(r"x the plain run's, [+-]\d+\.\d ms\)$", figures["baby GPT step, FSDP2 (gloo)"])
     assert figures["kill and resume (FSDP2, torchrun)"].startswith("bit for bit at all 8 steps")
     table = (out / "report.md").read_text()
@@ -151,29 +151,30 @@ def test_parts_run_in_the_order_given_each_once():
     assert [part.name for part in parts_in_order(names)] == ["tests", "decode", "environment"]
 
 
-def test_decoding_benchmark_stopped_early_leaves_the_rows_it_timed(tmp_path, monkeypatch):
-    """bench/gpu.py stops a part at its time limit: the decoding rows timed before it still count."""
+def test_decoding_benchmark_stopped_early_leaves_the_rounds_it_timed(tmp_path, monkeypatch):
+    """bench/gpu.py stops a part at its time limit: the rounds of decoding timed before it still count."""
     import bench.decode
 
-    timed = []
+    calls = {}
 
-    def time_call(run, device, repeats):
-        if len(timed) == 2:
+    def timed(run, device):  # 2 s the first call of a row, then 0.5 s; stopped in the second round
+        calls[run] = calls.get(run, 0) + 1
+        if calls[run] == 3:
             raise KeyboardInterrupt  # as the part's deadline would stop the script
-        timed.append(run)
-        return 0.5, 2.0
+        return (2.0 if calls[run] == 1 else 0.5), None, 0.25
 
     result = tmp_path / "decode.json"
-    argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", f"--json={result}"]
-    monkeypatch.setattr(sys, "argv", argv)
-    monkeypatch.setattr(bench.decode, "time_call", time_call)
+    argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", "--gguf-types"]
+    monkeypatch.setattr(sys, "argv", argv + ["--repeats=3", f"--json={result}"])
+    monkeypatch.setattr(bench.decode, "timed", timed)
     with pytest.raises(KeyboardInterrupt):
         bench.decode.main()
     written = json.loads(result.read_text())
     assert written["complete"] is False
-    assert [row["implementation"] for row in written["rows"]] == ["transformers generate", "ours"]
-    assert [row["tokens_per_sec"] for row in written["rows"]] == [4 / 0.5, 4 / 0.5]
-    assert [row["first_call_seconds"] for row in written["rows"]] == [2.0, 2.0]
+    rows = written["rows"]
+    assert rows[0]["implementation"] == "transformers generate" and len(rows) == len(calls) > 2
+    assert all(row["seconds"] == [0.5] and row["tokens_per_sec"] == 4 / 0.5 for row in rows)  # one round each
+    assert all(row["first_call_seconds"] == 2.0 for row in rows)
 
 
 def test_gpu_tests_turn_tf32_off_and_restore_it_after():

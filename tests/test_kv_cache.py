@@ -24,6 +24,15 @@ HEAD_WIDTHS = {
     "gpt2": {},
     "wide-heads": {"head_dim": 24, "pos_emb": "rope", "n_kv_head": 1},
     "narrow-heads": {"head_dim": 6},
+    # the stretched rotations of Llama 3.1/3.2 and YaRN (model/rope.py), over a pretrained context of 8 positions
+    "llama3-rope": {"pos_emb": "rope", "rope_scaling": "llama3", "rope_factor": 8.0, "rope_original_context": 8},
+    "yarn-rope": {
+        "pos_emb": "rope",
+        "n_kv_head": 1,
+        "rope_scaling": "yarn",
+        "rope_factor": 4.0,
+        "rope_original_context": 8,
+    },
 }
 
 
@@ -126,7 +135,7 @@ class ScriptedModel:
         self.prompt_len = prompt_len
         self.config = GPTConfig(block_size=block_size)
 
-    def __call__(self, context: torch.Tensor, cache=None, pad=None, prefix=None):
+    def __call__(self, context: torch.Tensor, cache=None, pad=None, prefix=None, logits_to_keep=0):
         step = context.size(1) - self.prompt_len  # without a cache, the context is the whole sequence
         logits = torch.zeros(context.size(0), 1, VOCAB)
         logits[torch.arange(context.size(0)), 0, self.script[:, step]] = 1.0

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import PROJECT_ROOT
 
-COMMANDS = {"train", "sample", "eval", "plot", "data.prepare", "data.chat_tasks"}  # what users run
-LIBRARY_FOLDERS = ("data", "evals", "finetune", "inference", "interop", "model", "optim", "trainer")
+COMMANDS = {"train", "sample", "serve", "eval", "plot", "data.prepare", "data.chat_tasks"}  # what users run
+LIBRARY_FOLDERS = ("data", "evals", "finetune", "inference", "interop", "model", "optim", "rl", "server", "trainer")
 
 
 def project_files() -> dict[str, Path]:
@@ -101,8 +101,10 @@ def test_one_file_name_is_one_job():
     assert [name for name, count in names.items() if count > 1] == []
 
 
-# the rooms the quickstart never needs: fine-tuning, conversations, export and import, evaluation
-NOT_ON_THE_QUICKSTART = ("finetune", "interop", "evals", "inference.chat", "data.conversations", "data.chat_dataset")
+# the rooms the quickstart never needs: fine-tuning, conversations, export and import, evaluation, serving, RL
+NOT_ON_THE_QUICKSTART = (
+    "finetune", "interop", "evals", "server", "inference.chat", "data.conversations", "data.chat_dataset", "rl",
+)  # fmt: skip
 PROBE = """
 import runpy, sys
 sys.argv = {argv!r}

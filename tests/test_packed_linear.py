@@ -6,8 +6,13 @@ import torch
 import torch.nn as nn
 
 import inference.packed_linear as packed_linear_module
-import sample
-from inference.packed_linear import PackedLinear, pack_linears, packing_unavailable
+from inference.packed_linear import (
+    PackedLinear,
+    pack_linears,
+    packing_unavailable,
+    precision_unavailable,
+    prepare_products,
+)
 from model import generate, left_pad
 from tests.conftest import tiny_model
 
@@ -121,17 +126,49 @@ def test_packing_a_model_off_the_cpu_is_refused_with_the_reason():
 
 def test_sampler_packs_on_a_cpu_but_not_for_a_compiled_step():
     model = tiny_model(VOCAB, BLOCK)
-    assert sample.prepare_products(model, CPU, torch.float32, compile=True) == (
+    assert prepare_products(model, CPU, torch.float32, compile=True) == (
         "nn.Linear products (torch.compile cannot trace packed layers)"
     )
     assert isinstance(model.lm_head, nn.Linear)
-    assert sample.prepare_products(model, CPU, torch.float32, compile=False) == "linear layers packed for oneDNN"
+    assert prepare_products(model, CPU, torch.float32, compile=False) == "linear layers packed for oneDNN"
     assert isinstance(model.lm_head, PackedLinear)
 
 
 def test_sampler_says_why_it_keeps_nn_linear_where_packing_is_unavailable(monkeypatch):
     monkeypatch.setattr(packed_linear_module.platform, "machine", lambda: "arm64")
     model = tiny_model(VOCAB, BLOCK)
-    note = sample.prepare_products(model, CPU, torch.float32, compile=False)
+    note = prepare_products(model, CPU, torch.float32, compile=False)
     assert note == "nn.Linear products (packing is for x86-64 CPUs, this one is arm64)"
     assert isinstance(model.lm_head, nn.Linear)
+
+
+# each precision's products against nn.Linear's, as a share of the largest output: float16 weights round to 11
+# significant bits; bfloat16 weights, inputs and outputs to 8; int8 weights to 1/254 of their row's largest
+PRODUCT_BOUNDS = {"float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2, "int8": 2e-2}
+
+
+@pytest.mark.parametrize("precision", PRODUCT_BOUNDS)
+@pytest.mark.parametrize("in_features", [32, 341])  # 341: the quickstart's SwiGLU output layer, not a multiple of 16
+def test_each_precisions_products_compute_what_the_linear_computes(precision, in_features):
+    if precision_unavailable(CPU, torch.float32, precision) is not None:
+        pytest.skip(precision_unavailable(CPU, torch.float32, precision))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(in_features, 40))
+    x, residual = torch.randn(2, 3, in_features), torch.randn(6, 40)
+    with torch.no_grad():
+        expected = model(x)
+        layer = pack_linears(model, precision, batch_size=6)[0]
+        got = layer(x)
+        rows = x.view(6, in_features)
+        gelu, added = layer.product_gelu(rows), layer.product_add(rows, residual)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    assert (got - expected).abs().max() <= PRODUCT_BOUNDS[precision] * expected.abs().max()
+    # the fused forms (oneDNN post-ops where the kind has them) compute the same as the product and then the op
+    product = got.view(6, 40)
+    torch.testing.assert_close(gelu, nn.functional.gelu(product, approximate="tanh"), rtol=0, atol=1e-5)
+    torch.testing.assert_close(added, residual + product, rtol=0, atol=1e-5)
+
+
+def test_a_precision_is_refused_for_a_model_that_is_not_float32():
+    with pytest.raises(ValueError, match="float16 products are for a float32 model, and this one is bfloat16"):
+        pack_linears(nn.Sequential(nn.Linear(8, 8)).to(torch.bfloat16), "float16")

@@ -10,6 +10,7 @@ import torch
 from errors import ConfigError
 from model import GPT, GPTConfig, generate, left_pad
 from model.attention import Rotary
+from model.rope import default_frequencies, rope_frequencies
 from tests.conftest import tiny_model
 from trainer.config import load_config
 
@@ -20,7 +21,7 @@ MODERN = {"pos_emb": "rope", "n_kv_head": 1, "qk_norm": True, "norm": "rmsnorm",
 
 def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
     x = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(1, 2, 1, 4)  # (B, T, H, D): positions 0 and 1, one head
-    rotated = Rotary(base=100.0, head_dim=4)(torch.tensor([[0, 1]]))(x)
+    rotated = Rotary(default_frequencies(base=100.0, dim=4))(torch.tensor([[0, 1]]))(x)
     assert torch.equal(rotated[0, 0, 0], x[0, 0, 0])  # position 0: no turn
     # D = 4: pairs (x0, x2) and (x1, x3) turn by 1 * 100^0 = 1 and 1 * 100^(-2/4) = 0.1 radians
     c1, s1, c2, s2 = math.cos(1.0), math.sin(1.0), math.cos(0.1), math.sin(0.1)
@@ -29,7 +30,7 @@ def test_rope_turns_each_feature_pair_by_position_times_its_frequency():
 
 
 def test_rope_scores_depend_only_on_the_distance_between_query_and_key():
-    rotary = Rotary(base=10000.0, head_dim=8)
+    rotary = Rotary(default_frequencies(base=10000.0, dim=8))
     generator = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 1, 1, 8, generator=generator)
     near = (rotary(torch.tensor([[7]]))(q) * rotary(torch.tensor([[4]]))(k)).sum()
@@ -102,7 +103,7 @@ def test_heads_of_their_own_width_project_from_and_back_to_n_embd(head_dim):
     assert (attn.c_proj.in_features, attn.c_proj.out_features) == (4 * head_dim, 32)
     assert tuple(attn.q_norm.normalized_shape) == tuple(attn.k_norm.normalized_shape) == (head_dim,)
     assert all(k.shape == (3, 2, BLOCK, head_dim) for k in model.new_cache(3).k)
-    assert model.rotary.head_dim == head_dim
+    assert 2 * model.rotary.inv_freq.numel() == head_dim
 
 
 @pytest.mark.parametrize("n_kv_head", [1, 2, 4])
@@ -129,6 +130,34 @@ def test_the_cache_holds_n_kv_head_heads(n_kv_head):
         (["--model.n_kv_head=5"], r"^model.n_kv_head=5 does not divide n_head=12 "),
         (["--model.pos_emb=alibi"], r"^model.pos_emb='alibi' is not one of learned, rope$"),
         (["--model.rope_base=1"], r"^model.rope_base=1.0 must be greater than 1$"),
+        (["--model.rope_scaling=linear"], r"^model.rope_scaling='linear' is not one of none, llama3, yarn$"),
+        (
+            ["--model.pos_emb=rope", "--model.rope_scaling=yarn", "--model.rope_factor=4"],
+            r"^model.rope_original_context=0 must be the positive context length the model was pretrained with",
+        ),
+        (
+            ["--model.pos_emb=rope", "--model.rope_scaling=llama3", "--model.rope_factor=0.5"],
+            r"^model.rope_factor=0.5 must be at least 1 with rope_scaling='llama3'",
+        ),
+        (
+            [
+                "--model.rope_scaling=llama3",
+                "--model.rope_factor=8",
+                "--model.rope_original_context=64",
+                "--model.rope_low_freq_factor=4",
+                "--model.rope_high_freq_factor=1",
+            ],
+            r"^model.rope_low_freq_factor=4.0 and rope_high_freq_factor=1.0 must be positive, the low one the smaller",
+        ),
+        (
+            [
+                "--model.rope_scaling=yarn",
+                "--model.rope_factor=8",
+                "--model.rope_original_context=64",
+                "--model.rope_beta_fast=0.5",
+            ],
+            r"^model.rope_beta_slow=1.0 and rope_beta_fast=0.5 must be positive numbers of turns, the slow",
+        ),
     ],
 )
 def test_bad_position_and_head_values_are_one_line_errors(overrides, message):
@@ -145,3 +174,89 @@ def test_rope_model_compiles_to_one_graph_with_the_eager_logits():
     eager, _ = model(idx)
     compiled, _ = torch.compile(model, fullgraph=True)(idx)
     assert (compiled - eager).abs().max().item() < 1e-5
+
+
+# the stretched RoPEs of published checkpoints (their config.json's rope_scaling), and YaRN's optional keys
+STRETCHED = {
+    # Llama-3.2-1B: 32 heads of 64, theta 500000, factor 32 over 8192 positions
+    "llama3-llama-3.2-1b": (
+        dict(n_embd=2048, n_head=32, rope_base=500000.0, block_size=131072),
+        dict(rope_scaling="llama3", rope_factor=32.0, rope_original_context=8192),
+        {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192},
+    ),
+    # Llama-3.1-8B: heads of 128, factor 8
+    "llama3-llama-3.1-8b": (
+        dict(n_embd=4096, n_head=32, rope_base=500000.0, block_size=131072),
+        dict(rope_scaling="llama3", rope_factor=8.0, rope_original_context=8192),
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 8192},
+    ),
+    # Qwen2.5-0.5B-Instruct with its model card's 128K setting
+    "yarn-qwen2.5-0.5b": (
+        dict(n_embd=896, n_head=14, rope_base=1000000.0, block_size=131072),
+        dict(rope_scaling="yarn", rope_factor=4.0, rope_original_context=32768),
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    ),
+    "yarn-betas-untruncated-attention-factor": (
+        dict(n_embd=512, n_head=8, rope_base=10000.0, block_size=16384),
+        dict(rope_scaling="yarn", rope_factor=8.0, rope_original_context=2048, rope_beta_fast=16.0,
+             rope_beta_slow=2.0, rope_truncate=False, rope_attention_factor=1.25),
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 2048, "beta_fast": 16.0,
+         "beta_slow": 2.0, "truncate": False, "attention_factor": 1.25},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("key", STRETCHED)
+def test_stretched_rope_tables_are_transformers_own_bit_for_bit(key):
+    transformers = pytest.importorskip("transformers")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    sizes, ours, theirs = STRETCHED[key]
+    config = GPTConfig(n_layer=1, vocab_size=VOCAB, pos_emb="rope", **sizes, **ours)
+    reference = transformers.LlamaConfig(
+        hidden_size=config.n_embd, num_attention_heads=config.n_head, max_position_embeddings=config.block_size,
+        rope_parameters={"rope_theta": config.rope_base, **theirs},
+    )  # fmt: skip
+    inv_freq, scale = rope_frequencies(config)
+    expected, expected_scale = ROPE_INIT_FUNCTIONS[theirs["rope_type"]](reference)
+    assert torch.equal(inv_freq, expected) and scale == expected_scale
+
+
+@pytest.mark.parametrize("base, head_dim", [(10000.0, 64), (500000.0, 128), (1000000.0, 64), (100000.0, 64)])
+def test_the_plain_rope_table_is_transformers_own_bit_for_bit(base, head_dim):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    reference = transformers.LlamaConfig(
+        hidden_size=head_dim * 4, num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": base}
+    )
+    expected, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(reference)
+    assert torch.equal(default_frequencies(base, head_dim), expected)
+
+
+def test_yarn_scales_every_score_by_the_square_of_its_attention_factor():
+    """YaRN's cos and sin are multiplied by its factor: a rotated query and key each grow by it, so
+    their dot product grows by its square (transformers scales the logits so, llama.cpp too)."""
+    plain = Rotary(default_frequencies(10000.0, 8))
+    scaled = Rotary(default_frequencies(10000.0, 8), scale=1.25)
+    q, k = torch.randn(2, 1, 1, 1, 8, generator=torch.Generator().manual_seed(0))
+    at = (torch.tensor([[9]]), torch.tensor([[4]]))
+    score = (plain(at[0])(q) * plain(at[1])(k)).sum()
+    torch.testing.assert_close((scaled(at[0])(q) * scaled(at[1])(k)).sum(), 1.25**2 * score)
+
+
+def test_a_stretched_rope_stays_in_float32_when_the_model_is_cast_to_bfloat16():
+    model = tiny_model(VOCAB, BLOCK, pos_emb="rope", rope_scaling="llama3", rope_factor=8.0, rope_original_context=8)
+    table = model.rotary.inv_freq.clone()
+    model.to(torch.bfloat16)
+    assert model.rotary.inv_freq.dtype == torch.float32 and torch.equal(model.rotary.inv_freq, table)
+    assert "inv_freq" not in "".join(model.state_dict())
+
+
+def test_qkv_bias_gives_the_queries_keys_and_values_alone_a_bias():
+    model = tiny_model(VOCAB, BLOCK, pos_emb="rope", norm="rmsnorm", mlp="swiglu", bias=False, qkv_bias=True)
+    biases = {name for name, _ in model.named_parameters() if name.endswith("bias")}
+    assert biases == {f"transformer.h.{i}.attn.c_attn.bias" for i in range(model.config.n_layer)}
+    assert model.config.num_params() == sum(p.numel() for p in model.parameters())

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-import trainer.loop as loop_module
 import trainer.metrics as metrics_module
 import trainer.runtime as runtime_module
 from errors import UserError
@@ -416,7 +415,7 @@ def test_threads_zero_gives_one_thread_per_free_core(monkeypatch, usable, idle, 
 
 def test_threads_zero_sets_the_chosen_count_and_says_why(tmp_path, data_dir, monkeypatch, capsys):
     before = torch.get_num_threads()
-    monkeypatch.setattr(loop_module, "auto_threads", lambda processes: (1, "2 usable core(s), 0.3 idle"))
+    monkeypatch.setattr(runtime_module, "auto_threads", lambda processes: (1, "2 usable core(s), 0.3 idle"))
     try:
         Trainer(tiny_config(tmp_path / "run", data_dir, train__threads=0, train__max_iters=1)).fit()
         assert torch.get_num_threads() == 1

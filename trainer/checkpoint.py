@@ -211,8 +211,8 @@ def check_weights(expected: dict[str, torch.Tensor], weights: dict, source: str)
 
 def run_checkpoint(value: str) -> Path | None:
     """The checkpoint that train.init_from names: a ckpt.pt file, or a run directory holding one;
-    None for anything else (scratch, resume, a Hugging Face folder or hub id)."""
+    None for anything else (scratch, resume, a Hugging Face folder or hub id, a GGUF file)."""
     path = Path(value)
-    if path.is_file():
+    if path.is_file() and path.suffix != ".gguf":  # a .gguf is llama.cpp's file, read by interop/gguf_read.py
         return path
     return path / CHECKPOINT_NAME if (path / CHECKPOINT_NAME).is_file() else None

@@ -171,9 +171,10 @@ class TrainConfig:
     eval_iters: int = 200  # batches per split in each evaluation
     eval_at_start: bool = True  # evaluate the untrained model before the first step (its loss: about ln(vocab_size))
     log_interval: int = 10  # steps between lines of metrics.jsonl; the last step is always logged
-    init_from: str = "scratch"  # scratch, resume (out_dir's checkpoint), a run dir, a ckpt.pt, an HF folder or hub id
+    init_from: str = "scratch"  # scratch, resume (out_dir's ckpt), a run or ckpt.pt, an HF folder or hub id, a GGUF
     keep_checkpoints: int = 1  # checkpoints kept: ckpt.pt is the latest; k > 1 keeps ckpt_STEP.pt of the last k
     parallelism: str = "ddp"  # under torchrun: "ddp" (replicate the model) or "fsdp" (FSDP2: shard it)
+    join_timeout: float = 300.0  # under torchrun: seconds the processes wait for each other at the start (1 .. 86,400)
     block_size_schedule: str = ""  # "32:0.3": rows of 32 tokens for 30% of max_iters, then model.block_size; "" = off
     batch_size_schedule: str = ""  # "8:0.5": micro-batches of 8 for half of max_iters, then data.batch_size; "" = off
     batch_size_lr_power: float = 0.6  # batch_size_schedule: LR times (batch / data.batch_size) ** this (0 .. 1)
@@ -212,6 +213,7 @@ class TrainConfig:
         for name in STAGED_SIZES:
             parse_stages(name, getattr(self, name))
         _check_range(self, "batch_size_lr_power", 0, 1, "0 = the same LR at every batch size, 1 = LR in proportion")
+        _check_range(self, "join_timeout", 1, 86_400, "seconds, at most a day")
 
     @property
     def block_size_stages(self) -> list[tuple[int, float]]:
@@ -294,6 +296,63 @@ class LoraConfig:
         return [name.strip() for name in self.targets.split(",") if name.strip()]
 
 
+# the built-in checkers an [rl] run may reward answers with (rl/rewards.py says what each compares)
+RL_REWARDS = ("task", "exact", "gsm8k_strict", "gsm8k_flexible", "numeric")
+MAX_RL_SAMPLES = 4096  # answers per question: far beyond the 4 .. 64 in use
+MAX_RL_TOKENS = 10**6  # tokens of one answer: the model's block_size bounds it too
+
+
+@dataclass
+class RLConfig:
+    task: str = ""  # RL: a generation task (an eval.py --tasks entry) whose sampled answers are rewarded; "" = off
+    heldout: str = ""  # a generation task scored at each [eval] scoring: pass@k of eval_samples answers a question
+    reward: str = "task"  # task (the task's own exact match), exact, gsm8k_strict, gsm8k_flexible or numeric
+    tolerance: float = 0.0  # numeric: the largest distance between answer and reference still rewarded
+    questions: int = 16  # questions per step, over all processes (each process answers an equal share)
+    samples: int = 8  # answers sampled per question (the group whose mean reward is the baseline)
+    temperature: float = 1.0  # sampling temperature, above 0 (the loss uses the distribution sampled)
+    top_k: int = 0  # sample among the top_k most likely tokens (the loss renormalises over them); 0 = all
+    max_new_tokens: int = 64  # an answer is cut after this many tokens (a prompt and answer fit in block_size)
+    sample_batch_size: int = 64  # answers sampled together, left padded into one KV cache
+    std_advantage: bool = False  # divide each advantage by its group's reward standard deviation (+ 1e-4)
+    kl: float = 0.0  # weight of a KL penalty towards the starting model (kept frozen beside it); 0 = none
+    updates: int = 1  # optimizer steps on each batch of answers (train.max_iters counts them); > 1: clipped ratio
+    clip: float = 0.2  # updates > 1: the probability ratio to the sampling policy is clipped to 1 +- clip
+    eval_samples: int = 8  # n: answers sampled per held-out question at each scoring (pass@1, 2, 4, ... up to n)
+    eval_items: int = 200  # held-out questions scored each time; 0 = all
+
+    def __post_init__(self):
+        _check_choice(self, "reward", RL_REWARDS)
+        if self.tolerance < 0:
+            raise ValueError(f"tolerance={self.tolerance} must be 0 (equal numbers only) or more")
+        for name in ("questions", "sample_batch_size", "updates"):
+            _check_positive(self, name)
+        _check_range(self, "questions", 1, MAX_BATCHES, "questions per step")
+        _check_range(self, "sample_batch_size", 1, MAX_BATCHES, "answers sampled together")
+        _check_range(self, "updates", 1, MAX_BATCHES, "optimizer steps on one batch of answers")
+        for name in ("samples", "eval_samples"):
+            _check_range(self, name, 1, MAX_RL_SAMPLES, "answers per question")
+        if self.samples < 2:
+            raise ValueError(
+                f"samples={self.samples} gives each question one answer, whose reward is its group's mean: every "
+                f"advantage would be 0 (sample 2 or more, e.g. 8)"
+            )
+        if not 0 < self.temperature <= 100:
+            raise ValueError(
+                f"temperature={self.temperature} is outside (0, 100] (a policy gradient needs sampled answers: "
+                f"0 would be greedy; 1 samples the model's own distribution)"
+            )
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} must be 0 (every token) or positive")
+        _check_range(self, "max_new_tokens", 1, MAX_RL_TOKENS, "tokens of one answer")
+        if self.kl < 0:
+            raise ValueError(f"kl={self.kl} must be 0 (no reference model) or positive")
+        if not 0 < self.clip < 1:
+            raise ValueError(f"clip={self.clip} must be in (0, 1): the ratio is kept within 1 +- clip")
+        if self.eval_items < 0:
+            raise ValueError(f"eval_items={self.eval_items} must be 0 (all) or positive")
+
+
 @dataclass
 class Config:
     model: GPTConfig = field(default_factory=GPTConfig)
@@ -303,8 +362,11 @@ class Config:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
+    rl: RLConfig = field(default_factory=RLConfig)
 
     def __post_init__(self):
+        if self.rl.task:
+            self._check_rl()
         if self.lora.rank and self.train.init_from == "scratch":
             raise ValueError(
                 f"lora.rank={self.lora.rank} adapts a trained model, but train.init_from='scratch' gives none "
@@ -330,6 +392,20 @@ class Config:
         # the one place where a key follows another section's: resolved as the tree is built, so the
         # run, its config.toml and its checkpoints all hold the number it used
         self.optim = self.optim.decaying_until(self.train.max_iters)
+
+    def _check_rl(self) -> None:
+        """An [rl] run improves a trained chat model's answers, sampled as sample.py samples them."""
+        if self.train.init_from == "scratch":
+            raise ValueError(
+                f"rl.task={self.rl.task!r} rewards a trained model's answers, but train.init_from='scratch' gives "
+                f"none (set train.init_from to a chat run directory, a ckpt.pt or a Hugging Face folder)"
+            )
+        for key in ("attn_prefix_lm", "attn_block"):
+            if getattr(self.model, key):
+                raise ValueError(
+                    f"rl.task is set, but model.{key}={_toml_value(getattr(self.model, key))}: RL samples and "
+                    f"scores answers token by token under causal attention (set model.{key} off)"
+                )
 
     def _check_adapter_scale(self) -> None:
         """lora.alpha / lora.rank multiplies everything the adapters add, so their steps move the model
@@ -359,6 +435,20 @@ def _uses_muon(cfg: Config) -> bool:
 # default where that setting does not hold, such a key does nothing, and idle_keys names it
 ACTS_ONLY_WITH = {
     "model.rope_base": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    "model.rope_scaling": (lambda cfg: cfg.model.pos_emb == "rope", "model.pos_emb='rope'"),
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling != "none", "model.rope_scaling='llama3' or 'yarn'")
+        for name in ("factor", "original_context")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "llama3", "model.rope_scaling='llama3'")
+        for name in ("low_freq_factor", "high_freq_factor")
+    },
+    **{
+        f"model.rope_{name}": (lambda cfg: cfg.model.rope_scaling == "yarn", "model.rope_scaling='yarn'")
+        for name in ("beta_fast", "beta_slow", "attention_factor", "truncate")
+    },
+    "model.qkv_bias": (lambda cfg: not cfg.model.bias, "model.bias=false: bias=true already has them"),
     "model.attn_window": (
         lambda cfg: cfg.model.attn_window < cfg.model.block_size,
         "a value below model.block_size: a query never sees more than block_size positions",
@@ -398,6 +488,17 @@ ACTS_ONLY_WITH = {
     **{
         f"wandb.{name}": (lambda cfg: cfg.wandb.enabled, "wandb.enabled=true")
         for name in ("project", "run_name", "mode")
+    },
+    **{
+        f"rl.{f.name}": (lambda cfg: bool(cfg.rl.task), "rl.task")
+        for f in dataclasses.fields(RLConfig)
+        if f.name not in ("task", "tolerance", "clip", "eval_samples", "eval_items")
+    },
+    "rl.tolerance": (lambda cfg: bool(cfg.rl.task) and cfg.rl.reward == "numeric", "rl.task and rl.reward='numeric'"),
+    "rl.clip": (lambda cfg: bool(cfg.rl.task) and cfg.rl.updates > 1, "rl.task and rl.updates above 1"),
+    **{
+        f"rl.{name}": (lambda cfg: bool(cfg.rl.task and cfg.rl.heldout), "rl.task and rl.heldout")
+        for name in ("eval_samples", "eval_items")
     },
 }
 

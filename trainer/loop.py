@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import math
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ from trainer.distributed import ParallelModel, World
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.run_dir import RunDir, check_same_kind_of_data
-from trainer.runtime import auto_threads, autocast, check_fits_in_memory, enable_tf32, resolve_dtype
+from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype, set_threads
 from trainer.schedules import batch_shape_at, describe, lr_factor_at, tokens_before
 from trainer.start import check_init_from, starting_point
 from trainer.stop import StopSignals
@@ -52,21 +53,21 @@ class Trainer:
         check_init_from(train.init_from)
         self.world = World.from_env()
         _check_accumulation(train, self.world.size)
+        if cfg.rl.task:  # an [rl] run's questions are shared among the processes too (its room is read only then)
+            from rl.policy_gradient import check_shares
+
+            check_shares(cfg, self.world.size)
         self.device = self.world.device(train.device)
         self.threads_chosen = None  # why train.threads = 0 chose the count it did, for the summary
-        if train.threads:
-            torch.set_num_threads(train.threads)
-        elif self.device.type == "cpu":
-            threads, why = auto_threads(self.world.local_size)
-            torch.set_num_threads(threads)
-            self.threads_chosen = f"{threads} CPU thread(s), chosen by train.threads=0 from {why}"
+        if train.threads or self.device.type == "cpu":
+            self.threads_chosen = set_threads(train.threads, "train.threads", self.world.local_size)
         self.dtype = resolve_dtype(train.dtype, self.device)
         if self.world.launched and train.parallelism == "fsdp" and self.dtype == torch.float16:
             raise UserError(
                 "train.parallelism='fsdp' with train.dtype='float16' is not supported (loss scaling of "
                 "sharded gradients): use bfloat16 or float32, or parallelism='ddp'"
             )
-        self.world.start(self.device)
+        self.world.start(self.device, train.join_timeout)
         self.world.barrier()  # until local rank 0 has prepared a bundled dataset (train.py)
         self.run_dir = RunDir(train, self.world)  # locked until the run ends
         try:
@@ -96,7 +97,7 @@ class Trainer:
         _check_rows_hold_conversations(cfg, self.dataset)
         # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
         self.tokenizer = tokenizer_from_meta(self.dataset.meta)
-        self.tasks = _training_tasks(cfg, self.tokenizer)
+        self.tasks = _training_tasks(cfg, self.tokenizer, lockstep=self.world.launched and train.parallelism == "fsdp")
         if checkpoint is not None:
             self.run_dir.check_resumable(checkpoint, cfg, self.dataset.meta)
 
@@ -115,7 +116,8 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         # each process draws its own windows (seed + rank), so the processes train on different data
         self.batches = self._train_windows(train.seed + self.world.rank)
-        self.objective = Objective(cfg.model, train.seed + self.world.rank)  # prefix lengths, targets
+        # what a step trains on: windows of the dataset (prefix lengths, targets), or with [rl] sampled answers
+        self.objective = self._objective(train.seed + self.world.rank, checkpoint)
         self.step = 0
         self.trained_tokens = torch.zeros((), dtype=torch.long)  # targets with a loss in the last step, all processes
         self.wandb_run_id = None
@@ -129,6 +131,20 @@ class Trainer:
         self.tokens_per_step = cfg.data.batch_size * cfg.model.block_size * train.gradient_accumulation_steps
         self.last_checkpoint_step: int | None = self.step if checkpoint is not None else None
         self.world.barrier()  # every process has looked at the run directory before rank 0 writes to it
+
+    def _objective(self, seed: int, checkpoint: dict | None):
+        """What the run's steps train on: windows of the dataset (an Objective), or with rl.task the
+        answers rl/policy_gradient.py's PolicyGradient samples and rewards (its room is read only then)."""
+        cfg = self.cfg
+        if not cfg.rl.task:
+            return Objective(cfg.model, seed)
+        from rl.policy_gradient import PolicyGradient, reference_model
+
+        reference = reference_model(cfg, self.dataset, checkpoint, self.device) if cfg.rl.kl else None
+        lockstep = self.parallel.mode == "fsdp"  # every process runs as many forward passes as the others
+        return PolicyGradient(
+            cfg, self.tokenizer, self.model, self.world, self.device, self.dtype, lockstep, reference, seed
+        )
 
     def _train_windows(self, seed: int) -> RandomWindows:
         data, block_size = self.cfg.data, self.cfg.model.block_size
@@ -150,7 +166,7 @@ class Trainer:
         seed = self.cfg.train.seed + self.step * self.world.size + self.world.rank
         torch.manual_seed(seed)
         self.batches = self._train_windows(seed)
-        self.objective = Objective(self.cfg.model, seed)
+        self.objective.reseed(seed)
         self._print(
             f"the checkpoint was written by {len(saved_rng)} process(es), this run has {self.world.size}: "
             f"batches and dropout follow new seeds, so the run will not repeat an uninterrupted one exactly"
@@ -241,26 +257,30 @@ class Trainer:
         train = self.cfg.train
         self.optimizer.set_lr(lr)
         micro_batches = train.gradient_accumulation_steps // self.world.size  # this process's share
-        # where the step starts, to drop it whole if a stop comes between its micro-batches (in fit)
-        stop = self.stop if micro_batches > 1 else None
+        # where the step starts, to drop it whole if a stop comes while its answers are sampled or between its
+        # micro-batches (in fit); a step of one micro-batch of windows has no such moment
+        stop = self.stop if micro_batches > 1 or not self.objective.windows else None
         start = rng_state(self.device, self.batches, self.objective) if stop is not None else None
         # the step's batches are drawn first: the loss is the mean over every trained target of the step, in
         # every micro-batch and process, so each micro-batch's mean is weighted by its share of their number
         shape = batch_shape_at(self.step, self.cfg)  # (sequences, tokens each): a schedule's, else the full one
-        batches = [self.objective(*self.batches.next_batch(*shape)) for _ in range(micro_batches)]
-        counts = [(y != -1).sum() for _, y, _ in batches]
+        drawn = self.objective.draw(self.step, micro_batches, self.batches, shape, self._sampling_stop())
+        if drawn is None:  # a stop request while the step's answers were sampled
+            self._drop_step(start)
+            return None
+        batches, counts = drawn
         trained_tokens = self.world.sum(torch.stack(counts).sum())  # over all processes: one all-reduce
         # processes average their gradients (divide by their number): each share is scaled up by it
         shares = [count * self.world.size / trained_tokens.clamp(min=1) for count in counts]
         total_loss = torch.zeros((), device=self.device)
-        for micro_batch, ((x, y, prefix), share) in enumerate(zip(batches, shares, strict=True)):
+        for micro_batch, (batch, share) in enumerate(zip(batches, shares, strict=True)):
             if micro_batch > 0 and stop is not None and stop.requested(self.step, micro_batch) is not None:
                 self._drop_step(start)
                 return None
             # processes average their gradients once per step, in the last micro-batch's backward
             with self.parallel.gradient_sync(micro_batch == micro_batches - 1):
                 with autocast(self.device, self.dtype):
-                    _, loss = self.forward(x, y, prefix=prefix)
+                    loss = self.objective.loss(self.forward, batch)
                 self.scaler.scale(loss * share).backward()
             total_loss += loss.detach() * share
         if train.grad_clip > 0:
@@ -271,6 +291,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.trained_tokens = trained_tokens
         return total_loss  # its mean over the processes is the step's loss
+
+    def _sampling_stop(self):
+        """While fit runs, what an objective that samples asks after each batch of answers: whether the
+        processes agree to stop there; else None."""
+        return None if self.stop is None else _after_each_batch(self.stop.during_sampling())
 
     def _drop_step(self, start: dict) -> None:
         """Undo the micro-batches of an unfinished step: its gradients, and the batches and random
@@ -361,22 +386,25 @@ class Trainer:
         )
 
     def _score_tasks(self, stop: "StopSignals") -> tuple[dict[str, float], list[str]] | None:
-        """The [eval] tasks' figures and summary lines at every eval.every-th evaluation and at the last
-        step, else none; None if a stop request came first (agreed on after each batch, counted over all
-        the tasks). Every process scores the same items in the same batches (a sharded model's forward
-        pass needs them all), so every process agrees at the same batch."""
+        """The [eval] tasks' figures and summary lines (and rl.heldout's pass@k) at every
+        eval.every-th evaluation and at the last step, else none; None if a stop request came first
+        (agreed on after each batch, counted over all the tasks). Every process scores the same items
+        in the same batches (a sharded model's forward pass needs them all), so every process agrees at
+        the same batch."""
         cfg = self.cfg
         due = (self.step // cfg.train.eval_interval) % cfg.eval.every == 0 or self.step == cfg.train.max_iters
-        if self.tasks is None or not due:
+        if not self.tasks or not due:
             return {}, []
-        agreement = stop.during_evaluation()
-        batches = itertools.count(1)
-
-        def stop_requested() -> bool:
-            return agreement.requested(next(batches)) is not None
-
+        stop_requested = _after_each_batch(stop.during_evaluation())  # counted over all the tasks
+        figures, lines = {}, []
         with autocast(self.device, self.dtype):
-            return self.tasks.score(self.model, stop_requested)
+            for tasks in self.tasks:
+                scores = tasks.score(self.model, stop_requested)
+                if scores is None:
+                    return None
+                figures |= scores[0]
+                lines += scores[1]
+        return figures, lines
 
     def _log_step(self, loss: torch.Tensor, lr: float, throughput: Throughput, progress: tqdm) -> None:
         """Record the mean loss over all processes; stop the run if it is not a finite number. A chat
@@ -385,8 +413,11 @@ class Trainer:
         loss_value = self.world.mean(loss).item()
         if not math.isfinite(loss_value):
             self._diverged(f"the train loss is {loss_value}")
-        record = {"step": self.step, "loss": loss_value, "lr": lr, "tokens": tokens_before(self.step, self.cfg)}
-        record |= throughput.measure(self.step)
+        record = {"step": self.step, "loss": loss_value, "lr": lr}
+        if self.objective.windows:  # the tokens of windows trained on so far, and how fast
+            record |= {"tokens": tokens_before(self.step, self.cfg)} | throughput.measure(self.step)
+        figures, note = self.objective.report()  # an RL step's reward, answers and sampling speed
+        record |= figures
         trained = {}
         if self.dataset.chat:  # of the step's tokens, those with a loss (the replies, by default)
             record["trained_tokens"] = int(self.trained_tokens.item())
@@ -394,7 +425,16 @@ class Trainer:
             if record["trained_tokens"] == 0:
                 del record["loss"]
         self._record(record)
+        if note is not None and self.world.is_main:
+            progress.write(f"note: {note}")
         shown = f"{loss_value:.4f}" if "loss" in record else "-"
+        if not self.objective.windows:
+            speed = {
+                "reward": f"{record['rl/reward']:.3f}",
+                "sampled_tok_s": f"{record['rl/sampled_tokens_per_sec']:,.0f}",
+            }
+            progress.set_postfix(loss=shown, **speed, **trained, refresh=False)
+            return
         progress.set_postfix(loss=shown, tok_s=f"{record['tokens_per_sec']:,.0f}", **trained, refresh=False)
         best = self.slowdown.update(record["tokens_per_sec"])
         if best is not None and self.device.type == "cpu" and self.world.is_main:
@@ -483,10 +523,16 @@ class Trainer:
         )
         accumulation = cfg.train.gradient_accumulation_steps
         parallel = f", {world.size} processes ({self.parallel.mode}) running {accumulation // world.size} each"
-        self._print(
-            f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
-            f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
-        )
+        if self.objective.windows:
+            self._print(
+                f"global batch: {cfg.data.batch_size} sequences x {accumulation} micro-batches"
+                f"{parallel if world.launched else ''} = {self.tokens_per_step:,} tokens per step"
+            )
+        else:
+            self._print(
+                f"{self.objective.describe()}; {accumulation} micro-batch{'es' if accumulation > 1 else ''}"
+                f"{parallel if world.launched else ''}"
+            )
         if self.threads_chosen is not None:
             self._print(self.threads_chosen)
         if (shapes := describe(cfg)) is not None:
@@ -579,11 +625,25 @@ def _check_rows_hold_conversations(cfg: Config, dataset: TokenDataset) -> None:
         )
 
 
-def _training_tasks(cfg: Config, tokenizer: Tokenizer):
-    """The [eval] tasks scored at the run's evaluations (an evals.evaluate.TrainingTasks), or None
-    without any: a run without them never reads evaluation code."""
-    if not cfg.eval.task_list:
-        return None
-    from evals.evaluate import TrainingTasks
+def _training_tasks(cfg: Config, tokenizer: Tokenizer, lockstep: bool) -> list:
+    """What the run scores at its evaluations beside the losses: the [eval] tasks (an
+    evals.evaluate.TrainingTasks) and rl.heldout's questions (an rl.policy_gradient.HeldOut), each read and
+    checked now, or none: a run without them never reads evaluation or RL code. lockstep: every
+    process must sample as many steps as the others (FSDP)."""
+    scored = []
+    if cfg.eval.task_list:
+        from evals.evaluate import TrainingTasks
 
-    return TrainingTasks(cfg.eval, tokenizer, cfg.model.block_size)
+        scored.append(TrainingTasks(cfg.eval, tokenizer, cfg.model.block_size))
+    if cfg.rl.task and cfg.rl.heldout:
+        from rl.policy_gradient import HeldOut
+
+        scored.append(HeldOut(cfg, tokenizer, lockstep))
+    return scored
+
+
+def _after_each_batch(agreement) -> Callable[[], bool]:
+    """What an evaluation or sampling asks after each of its batches: whether the processes agree (a
+    StopSignals agreement counting the batches) to stop there."""
+    batches = itertools.count(1)
+    return lambda: agreement.requested(next(batches)) is not None

@@ -15,10 +15,16 @@ changes, so that no position is ever trained on a target it can see:
 
 The prefix lengths come from a generator of their own, seeded and saved with the checkpoint (in its
 RNG states), so a resumed run draws the same prefixes as an uninterrupted one.
+
+The trainer asks its objective for a step's micro-batches (`draw`) and for each one's loss (`loss`):
+this one's are windows of the dataset and the model's own loss; an [rl] run's objective,
+rl/policy_gradient.py's PolicyGradient, answers the same questions with sampled answers and a policy
+gradient, and a run without [rl] never reads it.
 """
 
 import torch
 
+from data.loader import RandomWindows
 from model import GPTConfig
 
 # the prefix generator's seed is the run's seed plus this, so that its draws are not those of the
@@ -29,9 +35,32 @@ PREFIX_SEED_OFFSET = 1_000_003
 class Objective:
     """Turns a batch (x, y) of windows into the model's inputs, targets and prefix lengths."""
 
+    windows = True  # its steps train on windows of the dataset, of the shape the trainer's schedules give
+
     def __init__(self, config: GPTConfig, seed: int):
         self.config = config
+        self.reseed(seed)
+
+    def reseed(self, seed: int) -> None:
         self.generator = torch.Generator().manual_seed(seed + PREFIX_SEED_OFFSET)
+
+    def draw(
+        self, step: int, count: int, windows: RandomWindows, shape: tuple[int, int], stop=None
+    ) -> tuple[list[tuple], list[torch.Tensor]]:
+        """`count` micro-batches of windows of the given shape (sequences, tokens), made into inputs,
+        targets and prefixes, and each one's number of trained targets. step and stop are not read:
+        drawing windows takes no time a stop request should cut short."""
+        batches = [self(*windows.next_batch(*shape)) for _ in range(count)]
+        return batches, [(y != -1).sum() for _, y, _ in batches]
+
+    def loss(self, forward, batch: tuple) -> torch.Tensor:
+        """The micro-batch's loss: the mean cross-entropy over its trained targets."""
+        x, y, prefix = batch
+        return forward(x, y, prefix=prefix)[1]
+
+    def report(self) -> tuple[dict[str, float], str | None]:
+        """What a step adds to its metrics.jsonl record beyond the loss, and a note to show: nothing."""
+        return {}, None
 
     def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """x, y: (B, T). Returns x, the targets (B, T) (-1: no loss) and the prefix lengths (B,)

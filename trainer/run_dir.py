@@ -80,9 +80,7 @@ class RunDir:
             self.path.rmdir()
 
     def resume_command(self) -> str:
-        """The whole command that continues this run: its config.toml holds every setting it ran with."""
-        launcher = f"torchrun --standalone --nproc_per_node={self.world.size}" if self.world.launched else "python"
-        return f"{launcher} train.py --config {shlex.quote(str(self.path / RUN_CONFIG_NAME))} --train.init_from=resume"
+        return resume_command(self.path, self.world)
 
     def open(self, cfg: Config) -> dict | None:
         """Refuse to overwrite an existing run; when resuming, load its checkpoint."""
@@ -185,6 +183,22 @@ class RunDir:
             at_interval = step % self.train.eval_interval == 0
             pending = at_interval and not any(r["step"] == step for r in evaluated)
         return self.world.gather(pending)[0]
+
+
+def resume_command(run_dir: Path, world: World) -> str:
+    """The whole command that continues the run in run_dir, which `world` trained: its config.toml holds
+    every setting it ran with. A run on several machines continues on as many, each starting the
+    command with HOST:PORT, the rendezvous endpoint of the launch, filled in."""
+    if not world.launched:
+        launcher = "python"
+    elif world.nodes == 1:
+        launcher = f"torchrun --standalone --nproc_per_node={world.size}"
+    else:
+        launcher = (
+            f"torchrun --nnodes={world.nodes} --nproc_per_node={world.local_size} --rdzv_backend=c10d "
+            f"--rdzv_endpoint=HOST:PORT"
+        )
+    return f"{launcher} train.py --config {shlex.quote(str(run_dir / RUN_CONFIG_NAME))} --train.init_from=resume"
 
 
 def check_same_kind_of_data(saved: dict, meta: dict, dataset: str, run_dir: Path) -> None:

@@ -101,6 +101,18 @@ def enable_tf32() -> None:
     torch.backends.cudnn.allow_tf32 = True
 
 
+def set_threads(threads: int, key: str, processes: int = 1) -> str | None:
+    """Give torch's CPU operators `threads` threads, or with 0 one per free core (auto_threads, for
+    each of `processes` processes); returns what 0 chose and why (None otherwise), for a start-up line.
+    key: the option or config key that asked, as the line names it."""
+    if threads:
+        torch.set_num_threads(threads)
+        return None
+    threads, why = auto_threads(processes)
+    torch.set_num_threads(threads)
+    return f"{threads} CPU thread(s), chosen by {key}=0 from {why}"
+
+
 def auto_threads(processes: int = 1) -> tuple[int, str]:
     """The CPU threads train.threads = 0 gives each of `processes` processes on this machine, and why.
 

@@ -44,9 +44,9 @@ def starting_point(cfg: Config, dataset: TokenDataset, checkpoint: dict | None) 
 
 
 def check_init_from(init_from: str) -> None:
-    """init_from is scratch, resume, a directory or a hub id; a typo of scratch or resume is named as one,
-    and the run directory of a shipped config that has no checkpoint yet (not a hub id) with the command
-    that trains it."""
+    """init_from is scratch, resume, a directory, a file (a ckpt.pt or a GGUF file) or a hub id; a typo of
+    scratch or resume is named as one, and the run directory of a shipped config that has no checkpoint yet
+    (not a hub id) with the command that trains it."""
     path, run = Path(init_from), shipped_run(Path(init_from))
     if run and not any((path / name).is_file() for name in (CHECKPOINT_NAME, "config.json")):
         state = "does not exist yet" if not path.exists() else f"holds no {CHECKPOINT_NAME} yet"
@@ -57,6 +57,6 @@ def check_init_from(init_from: str) -> None:
     hint = f"; did you mean {close[0]!r}?" if close else ""
     raise UserError(
         f"train.init_from={init_from!r} is neither {' nor '.join(INIT_FROM)} nor a directory (use scratch for a "
-        f"new run, resume to continue the run in train.out_dir, a run directory or ckpt.pt to fine-tune, or a "
-        f"Hugging Face model folder or hub id{hint})"
+        f"new run, resume to continue the run in train.out_dir, a run directory or ckpt.pt to fine-tune, a "
+        f"Hugging Face model folder or hub id, or a GGUF file{hint})"
     )

@@ -14,8 +14,9 @@ STOP_POLL_SECONDS = 2.0  # under torchrun, how often the processes agree on a st
 class StopSignals:
     """While active, SIGINT (Ctrl-C) and SIGTERM (preemption; torchrun passes it on) ask the run to
     stop: the handler only sets a flag, which the loop reads after every step and between the
-    micro-batches of a step (`requested`), and an evaluation after every batch (`during_evaluation`);
-    the run then drops the step it was in the middle of, writes the checkpoint of its last finished
+    micro-batches of a step (`requested`), an evaluation after every batch (`during_evaluation`), and
+    an [rl] step's sampling after every batch of answers (`during_sampling`); the run then drops the
+    step it was in the middle of, writes the checkpoint of its last finished
     step and returns. A step of a large model made of many micro-batches thus never delays a stop by
     more than one micro-batch. A second Ctrl-C interrupts at once.
 
@@ -52,6 +53,11 @@ class StopSignals:
 
     def during_evaluation(self) -> "_Agreement":
         """The agreement for one evaluation: its `requested(batches)` after each batch."""
+        return _Agreement(self, 0)
+
+    def during_sampling(self) -> "_Agreement":
+        """The agreement for sampling one step's answers (an [rl] run): its `requested(batches)` after each
+        batch of answers; a stop there drops the step, as between its micro-batches."""
         return _Agreement(self, 0)
 
     def _request(self, signum: int, frame) -> None:

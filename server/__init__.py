@@ -1,0 +1,1 @@
+"""serve.py's room: the OpenAI-compatible HTTP server over a model (docs/serving.md)."""

@@ -1,0 +1,172 @@
+"""The CPU's one-token decoding step computes what the model computes: the same logits and, in float32,
+the same greedy tokens as the model's own step (batch 1, left-padded batches, contexts that slide), for
+every model it covers; a model it does not cover decodes with its own step and says why; products in
+reduced precision stay within their stated bounds of float32's."""
+
+import copy
+
+import pytest
+import torch
+
+from errors import UserError
+from inference.decode_step import DecodeStep, check_precision, prepare_decoding, step_unsupported
+from inference.packed_linear import Int8Linear, pack_linears, packing_unavailable, precision_unavailable
+from model import generate, left_pad
+from tests.conftest import tiny_model
+from tests.test_families import trained_like
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(
+    packing_unavailable(CPU, torch.float32) is not None, reason=str(packing_unavailable(CPU, torch.float32))
+)
+
+VOCAB = 50
+BLOCK = 32
+MODELS = {  # the switches the step computes, in the combinations of the families and the quickstart
+    "gpt2": {},
+    "quickstart": dict(bias=False, pos_emb="rope", qk_norm=True, mlp="swiglu", n_kv_head=1),
+    "llama": dict(bias=False, pos_emb="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, tie_embeddings=False),
+    "relu2-softcap": dict(mlp="relu2", logit_softcap=15.0),
+    "wide-heads": dict(head_dim=24, pos_emb="rope"),
+    "prefix-lm": dict(attn_prefix_lm=True),
+}
+PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42]]
+# how far each precision's logits may lie from float32's, as a share of the largest float32 logit, on these
+# tiny models (docs/sampling.md): float16 weights round to 11 significant bits, bfloat16 weights and the
+# products' inputs and outputs to 8, int8 weights to 1/254 of their row's largest, inputs and outputs to 8 bits
+PRECISION_BOUNDS = {"float16": 3e-3, "bfloat16": 3e-2, "int8": 6e-2}
+
+
+def model_of(switches: dict, seed: int = 3) -> torch.nn.Module:
+    """A tiny model with its weights moved off their start, so that greedy tokens depend on all of them."""
+    return trained_like(tiny_model(VOCAB, BLOCK, **switches), seed)
+
+
+def greedy(model, prompts: list[list[int]], new_tokens: int, step=None) -> torch.Tensor:
+    batch, pad = left_pad(prompts)
+    return torch.stack(list(generate(model, batch, new_tokens, temperature=0, pad=pad, step=step)), dim=1)
+
+
+def prefilled(model, rows: int = 3):
+    """A cache holding PROMPTS, and their padding, after the model's own prefill."""
+    batch, pad = left_pad(PROMPTS[:rows])
+    pad = torch.tensor(pad)
+    cache = model.new_cache(rows, 24)
+    with torch.no_grad():
+        model(batch, cache=cache, pad=pad)
+    return cache, pad
+
+
+@pytest.mark.parametrize("switches", MODELS.values(), ids=MODELS.keys())
+def test_decode_step_gives_the_models_logits_and_fills_the_cache_as_it_does(switches):
+    model = pack_linears(model_of(switches))
+    step = DecodeStep(model)
+    theirs, pad = prefilled(model)
+    ours = copy.deepcopy(theirs)
+    with torch.no_grad():
+        for token in ([[3], [4], [9]], [[8], [0], [1]]):
+            expected, _ = model(torch.tensor(token), cache=theirs, pad=pad)
+            got, _ = step(torch.tensor(token), cache=ours, pad=pad)
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+    assert ours.pos == theirs.pos
+    for k_ours, k_theirs in zip(ours.k + ours.v, theirs.k + theirs.v, strict=True):
+        torch.testing.assert_close(k_ours, k_theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("switches", MODELS.values(), ids=MODELS.keys())
+@pytest.mark.parametrize("rows", [1, 3])
+def test_decode_step_greedy_tokens_equal_the_models_own_packed_or_not(switches, rows):
+    """Past block_size tokens, so that the context slides and is re-encoded by the model in between."""
+    model = model_of(switches)
+    packed = pack_linears(copy.deepcopy(model))
+    expected = greedy(model, PROMPTS[:rows], 2 * BLOCK)
+    assert torch.equal(greedy(packed, PROMPTS[:rows], 2 * BLOCK), expected)
+    assert torch.equal(greedy(packed, PROMPTS[:rows], 2 * BLOCK, step=DecodeStep(packed)), expected)
+
+
+def test_the_step_is_prepared_for_the_models_it_computes_and_said_so():
+    model = model_of(MODELS["quickstart"])
+    decoding = prepare_decoding(model, CPU, batch_size=4)
+    assert isinstance(decoding.step, DecodeStep)
+    assert decoding.description == "linear layers packed for oneDNN, one-token steps by inference/decode_step.py"
+
+
+@pytest.mark.parametrize(
+    "switches, key",
+    [(dict(attn_window=8), "model.attn_window"), (dict(unet_skips=True), "model.unet_skips"),
+     (dict(bigram_embed=17), "model.bigram_embed"), (dict(attn_block=4), "model.attn_block")],
+)  # fmt: skip
+def test_a_model_the_step_does_not_compute_decodes_with_its_own_step_and_says_which(switches, key):
+    model = model_of(switches)
+    expected = greedy(pack_linears(copy.deepcopy(model)), [PROMPTS[1]], 20)
+    decoding = prepare_decoding(model, CPU)
+    assert decoding.step is None
+    assert decoding.description == (
+        f"linear layers packed for oneDNN, the model's own one-token steps (the decoding step does not compute {key})"
+    )
+    assert torch.equal(greedy(model, [PROMPTS[1]], 20, step=decoding.step), expected)
+
+
+def test_the_step_refuses_a_model_whose_layers_are_not_packed():
+    model = model_of({})
+    assert step_unsupported(model) == "nn.Linear layers (it calls packed products)"
+    with pytest.raises(ValueError, match="does not compute nn.Linear layers"):
+        DecodeStep(model)
+
+
+def test_without_the_cache_or_with_compile_there_is_no_step():
+    assert prepare_decoding(model_of({}), CPU, use_cache=False).step is None
+    compiled = prepare_decoding(model_of({}), CPU, compile=True)
+    assert (compiled.step, compiled.description) == (
+        None,
+        "nn.Linear products (torch.compile cannot trace packed layers)",
+    )
+    with pytest.raises(ValueError, match="compile and step both replace the one-token step"):
+        next(generate(model_of({}), torch.tensor([[1, 2]]), 2, compile=True, step=lambda *a, **k: None))
+
+
+@pytest.mark.parametrize("precision", PRECISION_BOUNDS)
+@pytest.mark.parametrize("switches", [MODELS["gpt2"], MODELS["quickstart"]], ids=["gpt2", "quickstart"])
+def test_each_precision_decodes_within_its_bound_of_float32(precision, switches):
+    if precision_unavailable(CPU, torch.float32, precision) is not None:
+        pytest.skip(precision_unavailable(CPU, torch.float32, precision))
+    model = model_of(switches)
+    reference = copy.deepcopy(model)
+    decoding = prepare_decoding(model, CPU, precision)
+    assert decoding.step is not None
+    cache, pad = prefilled(model)
+    expected_cache, _ = prefilled(reference)
+    token = torch.tensor([[3], [4], [9]])
+    with torch.no_grad():
+        expected, _ = reference(token, cache=expected_cache, pad=pad)
+        got, _ = decoding.step(token, cache=cache, pad=pad)
+    assert got.dtype == torch.float32
+    assert (got - expected).abs().max() <= PRECISION_BOUNDS[precision] * expected.abs().max()
+    assert (got - expected).abs().max() > 0  # the products did run in another precision
+
+
+def test_int8_layer_pads_an_input_width_that_is_not_a_multiple_of_16():
+    """PyTorch's int8 product reads garbage past a width that is not a multiple of 16 (or crashes)."""
+    if precision_unavailable(CPU, torch.float32, "int8") is not None:
+        pytest.skip(precision_unavailable(CPU, torch.float32, "int8"))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(341, 24)  # the quickstart's SwiGLU c_proj reads 341 features
+    x = torch.randn(5, 341)
+    with torch.no_grad():
+        expected = linear(x)
+        got = Int8Linear(linear)(x)
+    assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+@pytest.mark.parametrize(
+    "device, dtype, compile, reason",
+    [
+        ("meta", torch.float32, False, "packing is for CPUs, the model is on meta"),
+        ("cpu", torch.bfloat16, False, "int8 products are for a float32 model, and this one is bfloat16"),
+        ("cpu", torch.float32, True, "torch.compile cannot trace its packed layers"),
+    ],
+)
+def test_a_precision_that_cannot_apply_is_refused_with_the_reason(device, dtype, compile, reason):
+    with pytest.raises(UserError, match=f"--precision=int8 does not apply here: {reason}"):
+        check_precision("int8", torch.device(device), dtype, compile)
+    check_precision("auto", torch.device(device), dtype, compile)
