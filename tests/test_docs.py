@@ -185,6 +185,7 @@ print(reply['choices'][0]['message']['content'])\"""": "needs llama-cpp-python, 
 NANOGPT = "needs a checkout of nanoGPT (tests/test_entry_points.py drives bench/speedrun.py with a stand-in)"
 NOT_RUN |= {
     "python bench/speedrun.py --nanogpt ~/nanoGPT --config configs/shakespeare_char_speedrun.toml --repeats 3": NANOGPT,
+    "python bench/speedrun.py --against configs/shakespeare_char.toml --config configs/shakespeare_char_speedrun_quickstart.toml --repeats 3 --seeds 1337 1338 1339 --threads 1": "six whole trainings, three of them the quickstart's: minutes on 2 cores (tests/test_entry_points.py drives bench/speedrun.py --against on a tiny config)",
     "python bench/step_profile.py --nanogpt ~/nanoGPT --config configs/shakespeare_char_gpt2.toml --rounds 10 --ops 12": NANOGPT,
 }
 
