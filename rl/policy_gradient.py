@@ -114,10 +114,21 @@ def token_losses(new: torch.Tensor, batch: MicroBatch, clip: float, kl: float, u
     return losses.masked_fill(batch.targets == -1, 0.0)
 
 
-def micro_batches(sampled: Sampled, advantages: torch.Tensor, count: int) -> list[MicroBatch]:
+def micro_batches(
+    sampled: Sampled, advantages: torch.Tensor, count: int, drop_equal_groups: bool = False
+) -> list[MicroBatch]:
     """The rows (prompt, answer, advantage) dealt into `count` micro-batches of consecutive rows, as
-    even as they can be."""
+    even as they can be. With drop_equal_groups the rows of a group whose rewards are all equal are left
+    out; where fewer than `count` rows are left, dropped ones fill the empty micro-batches with no answer
+    token to train on (every process runs the same number of forward passes)."""
     rows = list(range(len(sampled.answers)))
+    trained = set(rows)
+    if drop_equal_groups:
+        samples = sampled.rewards.size(1)
+        equal = (sampled.rewards == sampled.rewards[:, :1]).all(dim=1).tolist()
+        trained = {row for row in rows if not equal[row // samples]}
+        fillers = [row for row in rows if row not in trained][: max(count - len(trained), 0)]
+        rows = sorted(trained | set(fillers))
     flat_advantages = advantages.flatten()
     batches = []
     for chunk in (rows[i * len(rows) // count : (i + 1) * len(rows) // count] for i in range(count)):
@@ -133,6 +144,8 @@ def micro_batches(sampled: Sampled, advantages: torch.Tensor, count: int) -> lis
             inputs[i, width - len(sequence) :] = torch.tensor(sequence)
             targets[i, longest - len(answer.tokens) :] = torch.tensor(answer.tokens)
             sampled_log_probs[i, longest - len(answer.tokens) :] = answer.log_probs
+            if chunk[i] not in trained:  # a filler: its tokens are read but none is trained on
+                targets[i] = -1
             pad.append(width - len(sequence))
         batches.append(
             MicroBatch(
@@ -316,7 +329,8 @@ class PolicyGradient:
     def _micro_batches(self, sampled: Sampled, count: int) -> list[MicroBatch]:
         """The sampled answers as `count` micro-batches (with the starting model's log-probabilities, with
         rl.kl), and the step's figures over all processes."""
-        batches = micro_batches(sampled, group_advantages(sampled.rewards, self.rl.std_advantage), count)
+        advantages = group_advantages(sampled.rewards, self.rl.std_advantage)
+        batches = micro_batches(sampled, advantages, count, self.rl.drop_equal_groups)
         if self.reference is not None:
             for batch in batches:
                 batch.reference_log_probs = self._reference_log_probs(batch)

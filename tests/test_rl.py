@@ -160,11 +160,14 @@ def fixed_sampled(vocab_size: int, end: int, rows: slice = slice(None)) -> Sampl
                    shared.rewards[rows], 0.1)  # fmt: skip
 
 
-def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, std) -> torch.Tensor:
-    """The step's loss written out token by token: every answer token's term, summed, over their number."""
+def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, std, drop=False) -> torch.Tensor:
+    """The step's loss written out token by token: every answer token's term, summed, over their number
+    (drop: of the groups whose rewards differ only)."""
     rewards = sampled.rewards
     terms = []
     for q in range(rewards.size(0)):
+        if drop and len(set(rewards[q].tolist())) == 1:
+            continue
         mean = sum(rewards[q].tolist()) / rewards.size(1)
         deviation = (sum((r - mean) ** 2 for r in rewards[q].tolist()) / (rewards.size(1) - 1)) ** 0.5
         for j in range(rewards.size(1)):
@@ -194,13 +197,18 @@ def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, 
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(rl__updates=2, rl__clip=0.2, rl__kl=0.1, rl__std_advantage=True)],
-    ids=["defaults", "clipped-kl-std"],
+    [
+        dict(),
+        dict(rl__updates=2, rl__clip=0.2, rl__kl=0.1, rl__std_advantage=True),
+        dict(rl__drop_equal_groups=True),
+    ],
+    ids=["defaults", "clipped-kl-std", "drop-equal-groups"],
 )
 def test_the_loss_is_the_hand_computation_over_all_answer_tokens_of_the_step(tmp_path, chat_root, options):
     """Two micro-batches of three groups (one of equal rewards, one with an answer cut off): the step's
     loss and gradients are those of the sum of every answer token's term over their number, whatever
-    micro-batch each fell in; the equal group's answers add nothing but count in that number."""
+    micro-batch each fell in; the equal group's answers add nothing but count in that number, unless
+    rl.drop_equal_groups leaves them out of it too."""
     cfg = rl_config(tmp_path / "run", chat_root, rl__questions=3, train__gradient_accumulation_steps=2, **options)
     trainer = Trainer(cfg)
     rl = trainer.cfg.rl
@@ -208,19 +216,38 @@ def test_the_loss_is_the_hand_computation_over_all_answer_tokens_of_the_step(tmp
     sampled = fixed_sampled(trainer.tokenizer.vocab_size, end)
     trainer.objective._sample = lambda step, stop: sampled
     model = trainer.model
-    expected = hand_loss(model, trainer.objective.reference, sampled, 0.7, 5, rl.clip, rl.kl, rl.std_advantage)
+    drop = rl.drop_equal_groups
+    expected = hand_loss(model, trainer.objective.reference, sampled, 0.7, 5, rl.clip, rl.kl, rl.std_advantage, drop)
     expected.backward()
     by_hand = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     gradients = capture_gradients(trainer)
     loss = trainer.train_step(lr=0.0)
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    assert int(trainer.trained_tokens) == sum(len(answer.tokens) for answer in sampled.answers)
+    trained = sampled.answers[:4] + sampled.answers[8:] if drop else sampled.answers  # the second group: equal
+    assert int(trainer.trained_tokens) == sum(len(answer.tokens) for answer in trained)
     for name, grad in gradients.items():
         torch.testing.assert_close(grad, by_hand[name], rtol=1e-4, atol=1e-6, msg=name)
     figures, _ = trainer.objective.report()
     assert figures["rl/reward"] == pytest.approx(5 / 12) and figures["rl/equal_groups"] == pytest.approx(1 / 3)
     assert figures["rl/cut_off"] == pytest.approx(1 / 12)
+
+
+def test_a_step_of_equal_groups_only_trains_on_nothing_when_they_are_dropped(tmp_path, chat_root):
+    """With rl.drop_equal_groups and every group's rewards equal, each of the two micro-batches still
+    runs (a filler row each) but holds no answer token: the loss and every gradient are 0."""
+    cfg = rl_config(tmp_path / "run", chat_root, rl__questions=3, rl__drop_equal_groups=True,
+                    train__gradient_accumulation_steps=2)  # fmt: skip
+    trainer = Trainer(cfg)
+    sampled = fixed_sampled(trainer.tokenizer.vocab_size, end_of_turn(trainer.tokenizer)[0])
+    sampled.rewards = torch.tensor([[1.0] * 4, [0.0] * 4, [1.0] * 4])
+    trainer.objective._sample = lambda step, stop: sampled
+    batches, counts = trainer.objective.draw(0, 2)
+    assert [len(batch.targets) for batch in batches] == [1, 1] and [int(count) for count in counts] == [0, 0]
+    trainer.objective.uses_left = 0
+    gradients = capture_gradients(trainer)
+    assert float(trainer.train_step(lr=1e-2)) == 0.0 and int(trainer.trained_tokens) == 0
+    assert gradients and all(not grad.any() for grad in gradients.values())
 
 
 def test_an_equal_group_gives_zero_advantages_and_std_divides_only_the_others():
