@@ -406,11 +406,13 @@ class HeldOut:
     """The held-out questions of rl.heldout, scored at the run's [eval] scorings: n = rl.eval_samples answers
     each, sampled as the training answers are, with seeds fixed for the whole run; pass@k (pass_at) for
     k = 1, 2, 4, ... up to n.
-    Every process scores every item (a sharded model's forward passes must be the same in all)."""
+    Under torchrun each process answers its own share of the questions (an answer's seed is its question's
+    and its own, so a share's answers are those one process would draw), and the rewards are summed over
+    the processes: every process logs the same figures, those of one process scoring them all."""
 
-    def __init__(self, cfg: Config, tokenizer: Tokenizer, lockstep: bool):
+    def __init__(self, cfg: Config, tokenizer: Tokenizer, lockstep: bool, world: World):
         rl = cfg.rl
-        self.rl, self.seed, self.tokenizer, self.lockstep = rl, cfg.train.seed, tokenizer, lockstep
+        self.rl, self.seed, self.tokenizer, self.lockstep, self.world = rl, cfg.train.seed, tokenizer, lockstep, world
         self.sampling = Sampling(rl.temperature, rl.top_k or None, rl.max_new_tokens, tokenizer.vocab_size)
         self.questions: Questions = load_questions(
             rl.heldout, "rl.heldout", tokenizer, cfg.model.block_size, self.sampling, rl.reward, rl.tolerance
@@ -422,16 +424,24 @@ class HeldOut:
     def score(self, model: GPT, stop) -> tuple[dict[str, float], list[str]] | None:
         """pass@k for k = 1, 2, 4, ... up to rl.eval_samples as metrics.jsonl keys (rl/pass@1, rl/pass@2, ...)
         and the line that shows them; None if stop() said so after a batch."""
-        n = self.rl.eval_samples
-        seeds = [[held_out_seed(self.seed, item, sample, n) for sample in range(n)] for item in range(self.items)]
+        n, world = self.rl.eval_samples, self.world
+        # every process asks as many questions, in as many batches (a stop is agreed on, and a sharded model
+        # runs, batch by batch in step): a share short of the others' repeats its first question, unscored
+        share = -(-self.items // world.size)
+        mine = list(range(world.rank * share, min((world.rank + 1) * share, self.items)))
+        asked_items = mine + [mine[0] if mine else 0] * (share - len(mine))
+        seeds = [[held_out_seed(self.seed, item, sample, n) for sample in range(n)] for item in asked_items]
         asked = self.questions.ask(
-            model, self.tokenizer, list(range(self.items)), seeds, self.sampling, self.rl.sample_batch_size,
+            model, self.tokenizer, asked_items, seeds, self.sampling, self.rl.sample_batch_size,
             self.lockstep, stop,
         )  # fmt: skip
         if asked is None:
             return None
         _, rewards, _ = asked
-        passes = pass_at(rewards)
+        device = next(model.parameters()).device
+        every = torch.zeros(self.items, n, dtype=torch.float64, device=device)
+        every[mine] = rewards[: len(mine)].to(device, torch.float64)
+        passes = pass_at(world.sum(every).cpu())  # each row filled by the one process that asked it
         figures = {f"rl/pass@{k}": value for k, value in passes.items()}
         shown = "  ".join(f"pass@{k} {value:.4f}" for k, value in passes.items())
         return figures, [f"{self.questions.task.name} {shown}  n {self.items}"]
