@@ -269,10 +269,15 @@ class PolicyGradient:
         note = None
         if not self.noted and self.figures.get("rl/equal_groups", 0.0) > MOSTLY_EQUAL:
             self.noted = True
+            remedy = (
+                "they are left out of the update (rl.drop_equal_groups): ask more rl.questions a step to train on more"
+                if self.rl.drop_equal_groups
+                else "set rl.drop_equal_groups = true and ask more rl.questions a step"
+            )
             note = (
                 f"{self.figures['rl/equal_groups']:.0%} of this step's questions got the same reward for all their "
                 f"{self.rl.samples} answers, which gives them no gradient (too easy or too hard for the model: "
-                f"sample more answers, raise rl.temperature, or choose questions nearer its level)"
+                f"sample more answers, raise rl.temperature, or choose questions nearer its level; or {remedy})"
             )
         return dict(self.figures), note
 

@@ -251,6 +251,16 @@ def test_a_step_of_equal_groups_only_trains_on_nothing_when_they_are_dropped(tmp
     assert gradients and all(not grad.any() for grad in gradients.values())
 
 
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_step_of_mostly_equal_groups_is_noted_once_naming_rl_drop_equal_groups(tmp_path, chat_root, drop):
+    objective = Trainer(rl_config(tmp_path / "run", chat_root, rl__drop_equal_groups=drop)).objective
+    objective.figures = {"rl/equal_groups": 0.75}
+    _, note = objective.report()
+    assert note.startswith("75% of this step's questions got the same reward for all their 4 answers")
+    assert ("they are left out of the update" in note) == drop and "rl.drop_equal_groups" in note
+    assert objective.report()[1] is None  # once a run
+
+
 def test_an_equal_group_gives_zero_advantages_and_std_divides_only_the_others():
     rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
     assert group_advantages(rewards, False).tolist() == [[0.5, -0.5, -0.5, 0.5], [0.0] * 4]
