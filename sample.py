@@ -60,7 +60,7 @@ import torch
 from data.files import read_text
 from data.tokenizer import StreamDecoder, Tokenizer
 from errors import ArgumentParser, UserError, run_cli, text_argument
-from inference.decode_step import PRECISION_CHOICES, DecodeStep, Decoding, check_precision, prepare_decoding
+from inference.decode_step import DecodeStep, Decoding, check_precision, prepare_decoding
 from inference.load import RUNS_ROOT, add_model_arguments, check_prompt, latest_run, load_model
 from model import GPT, generate, left_pad
 from trainer.config import MAX_THREADS
@@ -144,13 +144,6 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument(
         "--seed", type=int, default=1337, help="random seed, 0 .. 2**64 - 1; sample i uses seed + i (default: 1337)"
-    )
-    parser.add_argument(
-        "--precision",
-        default="auto",
-        choices=PRECISION_CHOICES,
-        help="on an x86-64 CPU, the linear layers' weights in float32, float16, bfloat16 or int8 (one scale per "
-        "output row), the rest of a float32 model staying float32; auto: the model's dtype (docs/sampling.md)",
     )
     parser.add_argument(
         "--threads",

@@ -33,8 +33,8 @@ import uvicorn
 
 from errors import ArgumentParser, UserError, run_cli
 from inference.chat import reply_stops
+from inference.decode_step import check_precision, prepare_decoding
 from inference.load import RUNS_ROOT, add_model_arguments, latest_run, load_model
-from inference.packed_linear import prepare_products
 from model import GPTConfig
 from server.app import Served, create_app
 from server.engine import Engine
@@ -169,6 +169,7 @@ def main() -> None:
     args = parse_args()
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
+    check_precision(args.precision, device, dtype, compile=False)  # before a model, perhaps a large download, is loaded
     with listen(args.host, args.port) as sock:  # closed however this ends
         model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
         cache_bytes = kv_cache_bytes(model.config, dtype, args.max_batch)
@@ -179,7 +180,7 @@ def main() -> None:
             "serve fewer replies together: a smaller --max-batch",
         )
         model.to(device=device, dtype=dtype)
-        products = prepare_products(model, device, dtype, compile=False)
+        decoding = prepare_decoding(model, device, args.precision)
         threads = set_threads(args.threads, device)
         served = Served(
             name=model_name(args),
@@ -191,11 +192,11 @@ def main() -> None:
             max_body_bytes=MAX_BODY_BYTES,
             api_key=args.api_key,
         )
-        engine = Engine(model, tokenizer, args.max_batch)
+        engine = Engine(model, tokenizer, args.max_batch, decoding.step)
         host, port = sock.getsockname()[:2]
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}/"
         print(
-            f"serving {source} as {served.name!r} at {url} on {device.type}, {products}{threads}; up to "
+            f"serving {source} as {served.name!r} at {url} on {device.type}, {decoding.description}{threads}; up to "
             f"{args.max_batch} replies together (KV cache up to {format_bytes(cache_bytes)}); Ctrl-C stops",
             file=sys.stderr,
         )

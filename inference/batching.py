@@ -20,6 +20,9 @@ lone row's, so a row's logits may differ from its lone run in the last bits of f
 between a batch of `generate` and its rows alone); its greedy tokens are the lone run's
 (tests/test_batching.py). A lone row with no padding computes exactly what `generate` computes.
 
+With a one-token step (a CPU's inference/decode_step.py, which computes what the model computes in
+fewer operations) the batch's steps call it instead of the model; the prefills stay on the model.
+
 A block-causal model draws each block from the complete block before it, and its rows complete
 their blocks at different steps: its sequences are each decoded by `generate` alone, in turn.
 """
@@ -57,10 +60,12 @@ class Sequence:
 
 class BatchDecoder:
     """Decodes the sequences given to `add`, up to max_rows of them at a time (the others wait, first
-    come first served), one token each per `step`."""
+    come first served), one token each per `step`. one_token_step: what computes the batch's one-token
+    steps, called as the model is (a DecodeStep); None: the model."""
 
-    def __init__(self, model: GPT, vocab_size: int, max_rows: int):
+    def __init__(self, model: GPT, vocab_size: int, max_rows: int, one_token_step: Callable | None = None):
         self.model = model
+        self.one_token_step = model if one_token_step is None else one_token_step
         self.vocab_size = vocab_size  # tokens drawn are below it (a model may pad its vocabulary)
         self.max_rows = max_rows
         self.block_size = model.config.block_size
@@ -155,7 +160,7 @@ class BatchDecoder:
         batch = self.cache.rows(0, len(self.rows))
         pad = None if not any(self.pads) else torch.tensor(self.pads, device=self.device)
         ids = self._ids([[row.tokens[-1]] for row in self.rows])
-        logits, _ = self.model(ids, cache=batch, pad=pad, prefix=self._prefix(self.rows))
+        logits, _ = self.one_token_step(ids, cache=batch, pad=pad, prefix=self._prefix(self.rows))
         self.cache.pos = batch.pos
         logits = logits[:, -1, : self.vocab_size]  # (B, V)
         greedy = logits.argmax(dim=-1).tolist()  # the greedy rows' tokens, in one pass for all

@@ -10,6 +10,7 @@ import torch
 
 from data.tokenizer import Tokenizer, tokenizer_from_meta
 from errors import UserError
+from inference.decode_step import PRECISION_CHOICES
 from model import GPT, GPTConfig
 from trainer.checkpoint import CHECKPOINT_NAME, check_weights, expected_weights, load_checkpoint
 from trainer.config import config_from_dict
@@ -21,7 +22,7 @@ RUNS_ROOT = Path("out")  # where train.py writes runs by default, and where the 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The options that pick the model to load, as sample.py and serve.py take them: --out-dir or --init-from
-    (neither: the newest run), then --device and --dtype."""
+    (neither: the newest run), then --device, --dtype and --precision (the products' precision)."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument(
         "--out-dir", help=f"run directory holding {CHECKPOINT_NAME} (default: the most recent run under {RUNS_ROOT}/)"
@@ -38,6 +39,13 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("auto", "float32", "bfloat16", "float16"),
         help="the model is cast to this; auto: bfloat16 on GPUs from Ampere on, float16 on older ones, else float32",
+    )
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=PRECISION_CHOICES,
+        help="on an x86-64 CPU, the linear layers' weights in float32, float16, bfloat16 or int8 (one scale per "
+        "output row), the rest of a float32 model staying float32; auto: the model's dtype (docs/sampling.md)",
     )
 
 

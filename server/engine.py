@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -137,11 +137,12 @@ class Reply:
 class Engine:
     """Owns the model and decodes every request's choices together, in a thread of its own."""
 
-    def __init__(self, model: GPT, tokenizer: Tokenizer, max_rows: int):
+    def __init__(self, model: GPT, tokenizer: Tokenizer, max_rows: int, one_token_step: Callable | None = None):
         self.model, self.tokenizer, self.max_rows = model, tokenizer, max_rows
+        self.one_token_step = one_token_step  # a CPU's DecodeStep (inference/decode_step.py); None: the model
         self.device = model.transformer.wte.weight.device
         self.inbox: queue.Queue[tuple[Job, list[Choice]]] = queue.Queue()
-        self.decoder = BatchDecoder(model, tokenizer.vocab_size, max_rows)
+        self.decoder = BatchDecoder(model, tokenizer.vocab_size, max_rows, one_token_step)
         self.replies: list[Reply] = []  # the choices in the batch or waiting for it
         self.deadline: float | None = None  # while draining: when the replies in progress end
         self.stopping = threading.Event()
@@ -221,4 +222,4 @@ class Engine:
             job.cancel_sequences()
             job.send(EngineFailure(f"{type(error).__name__}: {error}"))
         self.replies = []
-        self.decoder = BatchDecoder(self.model, self.tokenizer.vocab_size, self.max_rows)
+        self.decoder = BatchDecoder(self.model, self.tokenizer.vocab_size, self.max_rows, self.one_token_step)

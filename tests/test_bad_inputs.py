@@ -694,6 +694,7 @@ CATALOGUE = [
     Case("serve-api-key-with-a-space", "serve.py", ["--out-dir", "out/tiny", "--api-key", "two words"], "--api-key holds a key with a space or a character that is not printable ASCII"),
     # limits and the model
     Case("serve-no-rows", "serve.py", ["--out-dir", "out/tiny", "--max-batch", "0"], "--max-batch=0 is not allowed (use 1 to 1,024)"),
+    Case("serve-precision-of-a-bfloat16-model", "serve.py", ["--out-dir", "out/missing", "--port", "0", "--precision", "int8", "--dtype", "bfloat16"], "--precision=int8 does not apply here: int8 products are for a float32 model, and this one is bfloat16"),
     Case("serve-without-a-run", "serve.py", ["--out-dir", "out/missing", "--port", "0"], "no checkpoint at out/missing/ckpt.pt"),
     # ---- eval.py ----
     # evaluation: every item is checked before any is scored; --json is written only when every task is

@@ -5,9 +5,12 @@ import pytest
 import torch
 
 from inference.batching import BatchDecoder, Sequence
+from inference.decode_step import DecodeStep
+from inference.packed_linear import pack_linears, packing_unavailable
 from model import generate
 from tests.conftest import tiny_model
 
+CPU = torch.device("cpu")
 VOCAB = 50
 BLOCK = 16
 PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11], [42, 17], [9] * 15, [3, 1, 4, 0, 5, 9, 2, 6]]
@@ -121,3 +124,22 @@ def test_a_lone_row_computes_exactly_what_generate_computes():
     run(BatchDecoder(model, VOCAB, max_rows=4), {0: [sequence(PROMPTS[1], 20, temperature=0)[0]]})
     assert len(logits_seen) == len(expected)
     assert all(torch.equal(a, b) for a, b in zip(logits_seen, expected, strict=True))
+
+
+@pytest.mark.skipif(packing_unavailable(CPU, torch.float32) is not None, reason="no packed products here")
+@pytest.mark.parametrize("switches", ["plain", "rope-gqa-swiglu", "prefix-lm"])
+def test_rows_stepped_by_the_cpus_decoding_step_draw_what_each_draws_alone(switches):
+    """serve.py's batches on a CPU: the one-token steps by inference/decode_step.py, over rows that join
+    and leave with padding of their own, draw each row's greedy tokens of sample.py's lone decoding."""
+    model = pack_linears(switched_model(SWITCHES[switches]))
+    step = DecodeStep(model)
+    expected = [alone(model, prompt, 12, temperature=0) for prompt in PROMPTS]
+    made = [sequence(prompt, 12, temperature=0) for prompt in PROMPTS]
+    calls = []
+    counted = lambda *args, **kwargs: calls.append(1) or step(*args, **kwargs)  # noqa: E731
+    run(
+        BatchDecoder(model, VOCAB, max_rows=3, one_token_step=counted),
+        {0: [s for s, _ in made[:3]], 4: [s for s, _ in made[3:]]},
+    )
+    assert [drawn for _, drawn in made] == expected
+    assert calls  # the batch's steps went through the decoding step

@@ -8,8 +8,11 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import BlockMask
 
+from rl.policy_gradient import answer_log_probs
+from tests import test_rl
 from tests.conftest import run_script, tf32_off, tiny_config, tiny_model
 from tests.test_masks import PATTERNS, VOCAB
+from tests.test_rl import rl_config
 from trainer.loop import Trainer
 from trainer.metrics import flops_per_token, gpu_peak_flops, peak_flops, read_metrics
 
@@ -261,3 +264,33 @@ def test_normuon_and_cautious_weight_decay_train_on_cuda_in_bfloat16_compiled(tm
         moment = muon.state[param]["neuron_second_moment"]
         assert moment.is_cuda and moment.dtype == torch.float32 and torch.isfinite(moment).all()
         assert moment.numel() == max(param.shape)
+
+
+chat_root = test_rl.chat_root  # tests/test_rl.py's tiny chat model: a fixture, asked for by its name
+
+
+def rl_on(device: str, run_dir, chat_root, dtype: str) -> tuple[Trainer, list[dict]]:
+    """An [rl] run of tests/test_rl.py's tiny chat model on device in dtype: its trainer and its records."""
+    config = rl_config(run_dir, chat_root, train__device=device, train__dtype=dtype, train__max_iters=2,
+                       train__eval_interval=2, train__log_interval=1)  # fmt: skip
+    trainer = Trainer(config)
+    trainer.fit()
+    return trainer, read_metrics(run_dir / "metrics.jsonl")
+
+
+def test_rl_samples_with_the_log_probs_a_forward_pass_gives_and_trains_on_cuda(tmp_path, chat_root):
+    """[rl] on the GPU: the log-probabilities recorded while sampling with the KV cache are the full
+    forward pass's (float32, TF32 off), and a bfloat16 run samples, rewards and updates."""
+    with tf32_off():
+        trainer, _ = rl_on("cuda", tmp_path / "float32", chat_root, "float32")
+        sampled = trainer.objective._sample(0, None)
+        model = trainer.model.eval()
+        with torch.no_grad():
+            for batch in trainer.objective._micro_batches(sampled, 2):  # as the loss reads them, left padded
+                logits, _ = model(batch.inputs, pad=batch.pad, logits_to_keep=batch.targets.size(1))
+                recomputed = answer_log_probs(logits, batch.targets, 0.7, 5)
+                torch.testing.assert_close(recomputed, batch.sampled_log_probs, rtol=0, atol=1e-4)
+    _, records = rl_on("cuda", tmp_path / "bfloat16", chat_root, "bfloat16")
+    steps = [r for r in records if "rl/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(math.isfinite(r["loss"]) and r["rl/sampled_tokens_per_sec"] > 0 for r in steps)
