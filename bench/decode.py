@@ -3,6 +3,7 @@
     python bench/decode.py                  # GPT-2 124M's shape, batches of 1, 4, 8 and 16 (the recorded table)
     python bench/decode.py --small          # a tiny model and 32 new tokens: checks the script in seconds
     python bench/decode.py --threads 1 --batch-sizes 1 --precisions float32 float16 --gguf-types F32 F16
+    python bench/decode.py --threads 2 --batch-sizes 1 8 --step-rows-only --gguf-types F32 F16 Q8_0
     python bench/decode.py --device cuda --dtype bfloat16 --batch-sizes 1 --new-tokens 512 --repeats 3
 
 Weights are random (speed does not depend on their values) and shared: transformers' GPT2LMHeadModel
@@ -82,6 +83,12 @@ def parse_args() -> argparse.Namespace:
         help="llama.cpp's rows, where llama_cpp is importable (none: no llama.cpp rows)",
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument(
+        "--step-rows-only",
+        action="store_true",
+        help="of ours, only the decoding step's rows (no model's step, nn.Linear, compiled, no-cache or products-only "
+        "rows): the comparison with llama.cpp and transformers in a few minutes",
+    )
     parser.add_json_output("--json", ("new_tokens", "rows"), help="also write the rows to this JSON file")
     args = parser.parse_args()
     args.new_tokens = args.new_tokens or (32 if args.small else 128)
@@ -161,6 +168,8 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     for precision, (model, step, products) in models.items():
         name = "ours, decoding step" if step is not None else "ours, model's step"
         rows.append(Row(name, products, ours_run(model, step), COUNTERPARTS.get(precision)))
+    if args.step_rows_only:
+        return [*rows, *llama_rows(llama, prompt, new_tokens)]
     packed = None if packing_unavailable(device, ours.transformer.wte.weight.dtype) else models["float32"][0]
     if packed is not None:
         rows.append(Row("ours, model's step", "packed", ours_run(packed)))
@@ -178,9 +187,15 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     if packed is not None:
         rows.append(Row("matrix products only (floor)", "packed", products_only(packed, batch, new_tokens)))
     rows.append(Row("matrix products only (floor)", "nn.Linear", products_only(ours, batch, new_tokens)))
-    for file_type, greedy in llama.items():
-        rows.append(Row("llama.cpp", file_type, lambda greedy=greedy: greedy.generate(prompt.tolist(), new_tokens)))
-    return rows
+    return [*rows, *llama_rows(llama, prompt, new_tokens)]
+
+
+def llama_rows(llama: dict, prompt: torch.Tensor, new_tokens: int) -> list[Row]:
+    """llama.cpp's rows, one for each GGUF type loaded."""
+    return [
+        Row("llama.cpp", file_type, lambda greedy=greedy: greedy.generate(prompt.tolist(), new_tokens))
+        for file_type, greedy in llama.items()
+    ]
 
 
 def products_only(model: GPT, batch: int, new_tokens: int):

@@ -114,10 +114,21 @@ def token_losses(new: torch.Tensor, batch: MicroBatch, clip: float, kl: float, u
     return losses.masked_fill(batch.targets == -1, 0.0)
 
 
-def micro_batches(sampled: Sampled, advantages: torch.Tensor, count: int) -> list[MicroBatch]:
+def micro_batches(
+    sampled: Sampled, advantages: torch.Tensor, count: int, drop_equal_groups: bool = False
+) -> list[MicroBatch]:
     """The rows (prompt, answer, advantage) dealt into `count` micro-batches of consecutive rows, as
-    even as they can be."""
+    even as they can be. With drop_equal_groups the rows of a group whose rewards are all equal are left
+    out; where fewer than `count` rows are left, dropped ones fill the empty micro-batches with no answer
+    token to train on (every process runs the same number of forward passes)."""
     rows = list(range(len(sampled.answers)))
+    trained = set(rows)
+    if drop_equal_groups:
+        samples = sampled.rewards.size(1)
+        equal = (sampled.rewards == sampled.rewards[:, :1]).all(dim=1).tolist()
+        trained = {row for row in rows if not equal[row // samples]}
+        fillers = [row for row in rows if row not in trained][: max(count - len(trained), 0)]
+        rows = sorted(trained | set(fillers))
     flat_advantages = advantages.flatten()
     batches = []
     for chunk in (rows[i * len(rows) // count : (i + 1) * len(rows) // count] for i in range(count)):
@@ -133,6 +144,8 @@ def micro_batches(sampled: Sampled, advantages: torch.Tensor, count: int) -> lis
             inputs[i, width - len(sequence) :] = torch.tensor(sequence)
             targets[i, longest - len(answer.tokens) :] = torch.tensor(answer.tokens)
             sampled_log_probs[i, longest - len(answer.tokens) :] = answer.log_probs
+            if chunk[i] not in trained:  # a filler: its tokens are read but none is trained on
+                targets[i] = -1
             pad.append(width - len(sequence))
         batches.append(
             MicroBatch(
@@ -256,10 +269,15 @@ class PolicyGradient:
         note = None
         if not self.noted and self.figures.get("rl/equal_groups", 0.0) > MOSTLY_EQUAL:
             self.noted = True
+            remedy = (
+                "they are left out of the update (rl.drop_equal_groups): ask more rl.questions a step to train on more"
+                if self.rl.drop_equal_groups
+                else "set rl.drop_equal_groups = true and ask more rl.questions a step"
+            )
             note = (
                 f"{self.figures['rl/equal_groups']:.0%} of this step's questions got the same reward for all their "
                 f"{self.rl.samples} answers, which gives them no gradient (too easy or too hard for the model: "
-                f"sample more answers, raise rl.temperature, or choose questions nearer its level)"
+                f"sample more answers, raise rl.temperature, or choose questions nearer its level; or {remedy})"
             )
         return dict(self.figures), note
 
@@ -316,7 +334,8 @@ class PolicyGradient:
     def _micro_batches(self, sampled: Sampled, count: int) -> list[MicroBatch]:
         """The sampled answers as `count` micro-batches (with the starting model's log-probabilities, with
         rl.kl), and the step's figures over all processes."""
-        batches = micro_batches(sampled, group_advantages(sampled.rewards, self.rl.std_advantage), count)
+        advantages = group_advantages(sampled.rewards, self.rl.std_advantage)
+        batches = micro_batches(sampled, advantages, count, self.rl.drop_equal_groups)
         if self.reference is not None:
             for batch in batches:
                 batch.reference_log_probs = self._reference_log_probs(batch)
@@ -392,11 +411,13 @@ class HeldOut:
     """The held-out questions of rl.heldout, scored at the run's [eval] scorings: n = rl.eval_samples answers
     each, sampled as the training answers are, with seeds fixed for the whole run; pass@k (pass_at) for
     k = 1, 2, 4, ... up to n.
-    Every process scores every item (a sharded model's forward passes must be the same in all)."""
+    Under torchrun each process answers its own share of the questions (an answer's seed is its question's
+    and its own, so a share's answers are those one process would draw), and the rewards are summed over
+    the processes: every process logs the same figures, those of one process scoring them all."""
 
-    def __init__(self, cfg: Config, tokenizer: Tokenizer, lockstep: bool):
+    def __init__(self, cfg: Config, tokenizer: Tokenizer, lockstep: bool, world: World):
         rl = cfg.rl
-        self.rl, self.seed, self.tokenizer, self.lockstep = rl, cfg.train.seed, tokenizer, lockstep
+        self.rl, self.seed, self.tokenizer, self.lockstep, self.world = rl, cfg.train.seed, tokenizer, lockstep, world
         self.sampling = Sampling(rl.temperature, rl.top_k or None, rl.max_new_tokens, tokenizer.vocab_size)
         self.questions: Questions = load_questions(
             rl.heldout, "rl.heldout", tokenizer, cfg.model.block_size, self.sampling, rl.reward, rl.tolerance
@@ -408,16 +429,24 @@ class HeldOut:
     def score(self, model: GPT, stop) -> tuple[dict[str, float], list[str]] | None:
         """pass@k for k = 1, 2, 4, ... up to rl.eval_samples as metrics.jsonl keys (rl/pass@1, rl/pass@2, ...)
         and the line that shows them; None if stop() said so after a batch."""
-        n = self.rl.eval_samples
-        seeds = [[held_out_seed(self.seed, item, sample, n) for sample in range(n)] for item in range(self.items)]
+        n, world = self.rl.eval_samples, self.world
+        # every process asks as many questions, in as many batches (a stop is agreed on, and a sharded model
+        # runs, batch by batch in step): a share short of the others' repeats its first question, unscored
+        share = -(-self.items // world.size)
+        mine = list(range(world.rank * share, min((world.rank + 1) * share, self.items)))
+        asked_items = mine + [mine[0] if mine else 0] * (share - len(mine))
+        seeds = [[held_out_seed(self.seed, item, sample, n) for sample in range(n)] for item in asked_items]
         asked = self.questions.ask(
-            model, self.tokenizer, list(range(self.items)), seeds, self.sampling, self.rl.sample_batch_size,
+            model, self.tokenizer, asked_items, seeds, self.sampling, self.rl.sample_batch_size,
             self.lockstep, stop,
         )  # fmt: skip
         if asked is None:
             return None
         _, rewards, _ = asked
-        passes = pass_at(rewards)
+        device = next(model.parameters()).device
+        every = torch.zeros(self.items, n, dtype=torch.float64, device=device)
+        every[mine] = rewards[: len(mine)].to(device, torch.float64)
+        passes = pass_at(world.sum(every).cpu())  # each row filled by the one process that asked it
         figures = {f"rl/pass@{k}": value for k, value in passes.items()}
         shown = "  ".join(f"pass@{k} {value:.4f}" for k, value in passes.items())
         return figures, [f"{self.questions.task.name} {shown}  n {self.items}"]

