@@ -113,7 +113,10 @@ while worker.poll() is None:
     except KeyboardInterrupt:
         pass
 """
+# as bench/gpu.py's part does: SIGINT handled whatever this test's runner was started with (a shell's
+# background job ignores it, and its children would inherit that)
 PART = """import signal, subprocess, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, sys.argv[4])
 from bench.gpu import wait_or_stop
 command = subprocess.Popen([sys.executable, "-c", *sys.argv[1:4]], stdout=subprocess.PIPE)
