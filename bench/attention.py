@@ -8,8 +8,9 @@ the KV cache memory of a sliding window's rolling cache against the full cache.
 Each pattern trains the same model (random weights, AdamW) on the same random tokens, in which an
 end-of-text token every --document-length tokens on average cuts documents of random lengths; the
 step is timed over --steps steps after --warmup untimed ones. The attention path says how the mask is
-applied: SDPA's fused causal kernel (no mask), SDPA with a dense boolean (B, 1, T, T) mask, or
-FlexAttention with a block mask (CUDA). --dtype other than float32 runs the step under autocast.
+applied: SDPA's fused causal kernel (no mask), SDPA with a dense boolean (B, 1, T, T) mask, the
+weights spelled out (causal or with that mask, where it is the faster: a bfloat16 step on a CPU at
+short context) or FlexAttention with a block mask (CUDA). --dtype other than float32 runs the step under autocast.
 
 The second table times attention alone, as the model calls it (model.attention.attention), forward
 and backward, on random (B, H, T, D) queries, keys and values in --dtype with each pattern's mask as
@@ -17,7 +18,8 @@ the model builds it for the same tokens: this is where a window's skipped blocks
 the rest of the step. The mask is built once, outside the timing. Its last column is the most a
 pattern can gain on causal attention at this length: the tiles of 128 x 128 scores causal attention
 computes (T/128 (T/128 + 1) / 2) over those the block mask leaves, partly masked ones included
-(a window of 512 at T = 4096: 528 over 150, at most 3.52x).
+(a window of 512 at T = 4096: 528 over 150, at most 3.52x). Where causal attention is spelled out,
+a last row times SDPA's fused kernel on the same inputs: the path not taken.
 
 The cache table gives the bytes of keys and values that decoding block_size tokens holds, for a
 batch of --batch-size rows in float32. --json PATH also writes the three tables as JSON.
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig, attention  # noqa: E402
+from model.attention import spelled_out_is_faster  # noqa: E402
 from trainer.runtime import DTYPES, autocast  # noqa: E402
 
 EOT = 0  # the document separator in the random tokens
@@ -102,7 +105,10 @@ def tiles_computed(mask, T: int) -> float | None:
     return (mask.kv_num_blocks.sum().item() + full) / rows_and_heads
 
 
-def attention_path(mask) -> str:
+def attention_path(mask, q: torch.Tensor) -> str:
+    """How attention applies the mask to queries like q (a training step's)."""
+    if spelled_out_is_faster(q, q):
+        return "weights spelled out, " + ("causal" if mask is None else f"dense bool mask {tuple(mask.shape)}")
     if mask is None:
         return "SDPA, fused causal (no mask)"
     if isinstance(mask, torch.Tensor):
@@ -141,17 +147,22 @@ def time_step(args: argparse.Namespace, keys: dict, device: torch.device) -> tup
     return seconds_per_call(step, args, device), pattern_mask(model, x)
 
 
-def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -> tuple[float, object]:
-    """Seconds for attention's forward and backward pass alone with one pattern's mask, and the mask."""
-    mask_model = GPT(dataclasses.replace(model_config(args, keys), n_layer=1)).to(device).train()  # builds the mask
-    x, _ = random_batch(args, device)
-    mask = pattern_mask(mask_model, x)
+def attention_inputs(args: argparse.Namespace, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Random (B, H, T, D) queries, keys and values that want gradients, and the output's gradient."""
     B, T, H, D = args.batch_size, args.block_size, args.n_head, args.n_embd // args.n_head
     generator = torch.Generator(device).manual_seed(0)
     q, k, v, grad = (
         torch.randn(B, H, T, D, generator=generator, device=device, dtype=DTYPES[args.dtype]) for _ in range(4)
     )
-    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    return q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), grad
+
+
+def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -> tuple[float, object]:
+    """Seconds for attention's forward and backward pass alone with one pattern's mask, and the mask."""
+    mask_model = GPT(dataclasses.replace(model_config(args, keys), n_layer=1)).to(device).train()  # builds the mask
+    x, _ = random_batch(args, device)
+    mask = pattern_mask(mask_model, x)
+    q, k, v, grad = attention_inputs(args, device)
 
     def forward_backward() -> None:
         attention(q, k, v, mask).backward(grad)
@@ -159,11 +170,22 @@ def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -
     return seconds_per_call(forward_backward, args, device), mask
 
 
+def time_fused_causal(args: argparse.Namespace, device: torch.device) -> float:
+    """Seconds for SDPA's fused causal kernel's forward and backward pass on attention's inputs."""
+    q, k, v, grad = attention_inputs(args, device)
+
+    def forward_backward() -> None:
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+    return seconds_per_call(forward_backward, args, device)
+
+
 def timed_patterns(time_one, args: argparse.Namespace, device: torch.device) -> list[dict]:
     """time_one(args, keys, device) -> (seconds, mask) for each pattern, causal first, as table rows:
     the pattern's short name and name, its attention path, its seconds and causal's over them, and
     its tiles of scores computed and causal's over them (None for a dense mask)."""
     rows = []
+    q = attention_inputs(args, device)[0]
     for short, (name, keys) in patterns(args.block_size).items():
         # each pattern compiles afresh, as in a run of its own: after another pattern's block mask of
         # other shapes, torch.compile could otherwise give it kernels made for dynamic shapes
@@ -176,7 +198,7 @@ def timed_patterns(time_one, args: argparse.Namespace, device: torch.device) -> 
             dict(
                 pattern=short,
                 name=name,
-                path=attention_path(mask),
+                path=attention_path(mask, q),
                 seconds=seconds,
                 vs_causal=baseline["seconds"] / seconds,
                 tiles=tiles,
@@ -210,6 +232,14 @@ def main() -> None:
         if row["tiles_vs_causal"] is not None:
             most = f"{row['tiles_vs_causal']:.2f}x ({row['tiles']:,.0f} per row and head)"
         print(f"| {row['name']} | {row['path']} | {1000 * row['seconds']:,.2f} | {row['vs_causal']:.2f}x | {most} |")
+    causal = tables["attention"][0]
+    if causal["path"].startswith("weights spelled out"):
+        fused = time_fused_causal(args, device)
+        tables["attention"].append(
+            dict(causal, pattern="causal_fused", path="SDPA, fused causal (not taken)", seconds=fused)
+        )
+        tables["attention"][-1]["vs_causal"] = causal["seconds"] / fused
+        print(f"| causal | SDPA, fused causal (not taken) | {1000 * fused:,.2f} | {causal['seconds'] / fused:.2f}x | |")
     print(f"\nKV cache for decoding {T} tokens, batch {args.batch_size}, float32\n")
     print("| cache | slots per layer | keys + values |")
     print("| --- | ---: | ---: |")

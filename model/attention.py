@@ -5,6 +5,8 @@ earlier ones, never later ones; model/masks.py holds the patterns): scores for o
 -inf before the softmax, so their weights are exactly 0 and each row of weights sums to 1 over the
 allowed keys. The work is done by `torch.nn.functional.scaled_dot_product_attention` (SDPA), which
 picks a fused kernel; `attention_weights` spells the same computation out and returns the weights.
+One case takes the spelled-out path instead: training in bfloat16 on a CPU at short context, where
+SDPA's kernels are slow to differentiate (`spelled_out_is_faster`).
 
 Options, each chosen when the layer is built: grouped-query attention (fewer key/value heads than
 query heads, each shared by a group of queries: the KV cache shrinks by that factor) and QK-norm
@@ -63,6 +65,9 @@ def attention(
         return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=q.size(1) != k.size(1))
     q_len, kv_len = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA shares the key/value heads itself, without copying them
+    if spelled_out_is_faster(q, k):
+        weights = F.dropout(attention_weights(q, k, mask), dropout_p)
+        return weights @ v.repeat_interleave(q.size(1) // v.size(1), dim=1)
     if mask is None and q_len == kv_len:
         # Fast path: the fused kernel applies the causal mask itself and never builds a (T, T)
         # mask. SDPA's is_causal aligns the mask to the top-left corner, which is only right when
@@ -74,6 +79,26 @@ def attention(
     if mask is None:
         mask = causal_mask(q_len, kv_len, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=gqa)
+
+
+# PyTorch's SDPA kernels differentiate bfloat16 slowly on a CPU at short context: forward and
+# backward of 16 rows x 4 heads x 128 positions x 32 dims took 2.7x as long by the fused causal
+# kernel as spelled out, and longer than in float32 (docs/benchmarks.md, "The speedrun to the
+# quickstart's quality"). At 1,024 positions the fused kernel is the faster, and it never holds the
+# (T, T) weights.
+SPELLED_OUT_MAX_LEN = 256
+
+
+def spelled_out_is_faster(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether attention of these queries over these keys is faster spelled out than by SDPA: a
+    bfloat16 training step on a CPU over at most SPELLED_OUT_MAX_LEN keys."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype == torch.bfloat16
+        and q.requires_grad
+        and torch.is_grad_enabled()
+        and k.size(-2) <= SPELLED_OUT_MAX_LEN
+    )
 
 
 def flex_block_mask(rule: Rule, batch_size: int | None, T: int, device: torch.device) -> BlockMask:

@@ -111,3 +111,50 @@ def test_combined_causal_and_padding_mask_hides_padded_keys():
     weights = weights_of(q, k, mask=mask)
     assert torch.all(weights[0, 0, 2:, :2] == 0)  # real tokens ignore the padding
     torch.testing.assert_close(weights[1], weights_of(q[1:], k[1:])[0], rtol=0, atol=1e-6)
+
+
+def bfloat16_leaves(*shapes: tuple[int, ...]) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    return [torch.randn(shape).bfloat16().requires_grad_() for shape in shapes]
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_bfloat16_training_attention_on_a_cpu_is_spelled_out_and_agrees_with_float32(monkeypatch, window):
+    q, k, v = bfloat16_leaves((2, 4, 12, 16), (2, 2, 12, 16), (2, 2, 12, 16))  # grouped-query: 2 key heads
+    mask = None if window is None else causal_mask(12, 12) & ~causal_mask(12, 12).tril(-window)
+    q32, k32, v32 = (t.detach().float().requires_grad_() for t in (q, k, v))
+    expected = attention(q32, k32, v32, mask)
+    expected.square().sum().backward()
+
+    def fused(*args, **kwargs):
+        raise AssertionError("a short bfloat16 training sequence on a CPU went to SDPA")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", fused)
+    out = attention(q, k, v, mask)
+    out.float().square().sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), expected, rtol=0.02, atol=0.02)
+    for ours, reference in ((q, q32), (k, k32), (v, v32)):
+        torch.testing.assert_close(ours.grad.float(), reference.grad, rtol=0.05, atol=0.05)
+
+
+def test_spelled_out_attention_takes_no_gradient_from_later_keys_or_values():
+    q, k, v = bfloat16_leaves((1, 2, 10, 8), (1, 2, 10, 8), (1, 2, 10, 8))
+    t = 4
+    attention(q, k, v)[:, :, t].float().sum().backward()
+    assert torch.all(k.grad[:, :, t + 1 :] == 0) and torch.all(v.grad[:, :, t + 1 :] == 0)
+    assert torch.all(v.grad[:, :, : t + 1].abs().sum(-1) > 0)
+
+
+def test_long_bfloat16_sequences_and_inference_stay_with_the_fused_kernel(monkeypatch):
+    calls = []
+    fused = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
+    )
+    (long_q,) = bfloat16_leaves((1, 1, 257, 8))
+    attention(long_q, long_q, long_q)
+    with torch.no_grad():
+        (short_q,) = bfloat16_leaves((1, 1, 8, 8))
+        attention(short_q, short_q, short_q)
+    assert len(calls) == 2

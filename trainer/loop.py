@@ -39,7 +39,14 @@ from trainer.distributed import ParallelModel, World
 from trainer.metrics import SlowdownWatch, Throughput, flops_per_token, gpu_peak_flops, total_peak_flops
 from trainer.objective import Objective
 from trainer.run_dir import RunDir, check_same_kind_of_data
-from trainer.runtime import autocast, check_fits_in_memory, enable_tf32, resolve_dtype, set_threads
+from trainer.runtime import (
+    autocast,
+    check_fits_in_memory,
+    enable_tf32,
+    keep_freed_memory,
+    resolve_dtype,
+    set_threads,
+)
 from trainer.schedules import batch_shape_at, describe, lr_factor_at, tokens_before
 from trainer.start import check_init_from, starting_point
 from trainer.stop import StopSignals
@@ -61,6 +68,8 @@ class Trainer:
         self.threads_chosen = None  # why train.threads = 0 chose the count it did, for the summary
         if train.threads or self.device.type == "cpu":
             self.threads_chosen = set_threads(train.threads, "train.threads", self.world.local_size)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.dtype = resolve_dtype(train.dtype, self.device)
         if self.world.launched and train.parallelism == "fsdp" and self.dtype == torch.float16:
             raise UserError(
