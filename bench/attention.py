@@ -18,8 +18,9 @@ the model builds it for the same tokens: this is where a window's skipped blocks
 the rest of the step. The mask is built once, outside the timing. Its last column is the most a
 pattern can gain on causal attention at this length: the tiles of 128 x 128 scores causal attention
 computes (T/128 (T/128 + 1) / 2) over those the block mask leaves, partly masked ones included
-(a window of 512 at T = 4096: 528 over 150, at most 3.52x). Where causal attention is spelled out,
-a last row times SDPA's fused kernel on the same inputs: the path not taken.
+(a window of 512 at T = 4096: 528 over 150, at most 3.52x). In bfloat16 on a CPU, where attention
+chooses between SDPA's fused kernel and the weights spelled out, a last row times causal attention
+by the path not taken, on the same inputs.
 
 The cache table gives the bytes of keys and values that decoding block_size tokens holds, for a
 batch of --batch-size rows in float32. --json PATH also writes the three tables as JSON.
@@ -38,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from model import GPT, GPTConfig, attention  # noqa: E402
-from model.attention import spelled_out_is_faster  # noqa: E402
+from model.attention import spelled_out, spelled_out_is_faster  # noqa: E402
 from trainer.runtime import DTYPES, autocast  # noqa: E402
 
 EOT = 0  # the document separator in the random tokens
@@ -170,12 +171,16 @@ def time_attention(args: argparse.Namespace, keys: dict, device: torch.device) -
     return seconds_per_call(forward_backward, args, device), mask
 
 
-def time_fused_causal(args: argparse.Namespace, device: torch.device) -> float:
-    """Seconds for SDPA's fused causal kernel's forward and backward pass on attention's inputs."""
+def time_causal_not_taken(args: argparse.Namespace, device: torch.device, spelled: bool) -> float:
+    """Seconds for causal attention's forward and backward pass by the path attention does not take
+    here: SDPA's fused kernel where it spells the weights out (spelled), else the weights spelled out."""
     q, k, v, grad = attention_inputs(args, device)
 
     def forward_backward() -> None:
-        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        if spelled:
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+        else:
+            spelled_out(q, k, v).backward(grad)
 
     return seconds_per_call(forward_backward, args, device)
 
@@ -233,13 +238,13 @@ def main() -> None:
             most = f"{row['tiles_vs_causal']:.2f}x ({row['tiles']:,.0f} per row and head)"
         print(f"| {row['name']} | {row['path']} | {1000 * row['seconds']:,.2f} | {row['vs_causal']:.2f}x | {most} |")
     causal = tables["attention"][0]
-    if causal["path"].startswith("weights spelled out"):
-        fused = time_fused_causal(args, device)
-        tables["attention"].append(
-            dict(causal, pattern="causal_fused", path="SDPA, fused causal (not taken)", seconds=fused)
-        )
-        tables["attention"][-1]["vs_causal"] = causal["seconds"] / fused
-        print(f"| causal | SDPA, fused causal (not taken) | {1000 * fused:,.2f} | {causal['seconds'] / fused:.2f}x | |")
+    if device.type == "cpu" and args.dtype == "bfloat16":  # where attention chooses between the two
+        spelled = causal["path"].startswith("weights spelled out")
+        other = time_causal_not_taken(args, device, spelled)
+        path = "SDPA, fused causal (not taken)" if spelled else "weights spelled out, causal (not taken)"
+        tables["attention"].append(dict(causal, pattern="causal_not_taken", path=path, seconds=other))
+        tables["attention"][-1]["vs_causal"] = causal["seconds"] / other
+        print(f"| causal | {path} | {1000 * other:,.2f} | {causal['seconds'] / other:.2f}x | |")
     print(f"\nKV cache for decoding {T} tokens, batch {args.batch_size}, float32\n")
     print("| cache | slots per layer | keys + values |")
     print("| --- | ---: | ---: |")

@@ -20,7 +20,8 @@ values with its tokens' rows before they are cached, so that cached decoding rea
 On CUDA, a pattern's mask can instead be a FlexAttention `BlockMask` built from the same rule
 (`flex_block_mask`): `flex_attention` then skips the blocks of 128 x 128 scores that the rule blocks
 entirely, which is what makes a sliding window or document masking cheaper than full attention.
-FlexAttention has no backward pass on a CPU, and no dropout, so those cases use SDPA's boolean mask.
+FlexAttention has no backward pass on a CPU, and no dropout, so those cases use the boolean mask
+(by SDPA, or spelled out as above).
 """
 
 import functools
@@ -59,15 +60,16 @@ def attention(
 
     mask: boolean, broadcastable to (B, H, Tq, Tk), True where a query may attend to a key, or a
     FlexAttention BlockMask (CUDA, no dropout). None means causal, with the queries taken as the
-    last Tq of the Tk key positions.
+    last Tq of the Tk key positions. Every query must be allowed at least one key (the model's masks
+    always let a query see itself): a query with none has no weights to normalise (NaN when spelled
+    out).
     """
     if isinstance(mask, BlockMask):
         return _compiled_flex_attention()(q, k, v, block_mask=mask, enable_gqa=q.size(1) != k.size(1))
     q_len, kv_len = q.size(-2), k.size(-2)
     gqa = q.size(1) != k.size(1)  # SDPA shares the key/value heads itself, without copying them
     if spelled_out_is_faster(q, k):
-        weights = F.dropout(attention_weights(q, k, mask), dropout_p)
-        return weights @ v.repeat_interleave(q.size(1) // v.size(1), dim=1)
+        return spelled_out(q, k, v, mask, dropout_p)
     if mask is None and q_len == kv_len:
         # Fast path: the fused kernel applies the causal mask itself and never builds a (T, T)
         # mask. SDPA's is_causal aligns the mask to the top-left corner, which is only right when
@@ -82,11 +84,19 @@ def attention(
 
 
 # PyTorch's SDPA kernels differentiate bfloat16 slowly on a CPU at short context: forward and
-# backward of 16 rows x 4 heads x 128 positions x 32 dims took 2.7x as long by the fused causal
-# kernel as spelled out, and longer than in float32 (docs/benchmarks.md, "The speedrun to the
-# quickstart's quality"). At 1,024 positions the fused kernel is the faster, and it never holds the
-# (T, T) weights.
-SPELLED_OUT_MAX_LEN = 256
+# backward of 16 rows x 4 heads x 32 dims took 2.7x to 2.9x as long by the fused causal kernel as
+# spelled out at 128 positions and 1.5x at 192; at 256 the fused kernel was the faster, at 1,024 3.1x
+# (bench/attention.py, two threads; docs/benchmarks.md, "The speedrun to the quickstart's
+# quality"). It also never holds the (T, T) weights.
+SPELLED_OUT_MAX_LEN = 192
+
+
+def spelled_out(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout_p: float = 0.0
+) -> torch.Tensor:
+    """`attention` without SDPA: the weights (`attention_weights`) times the values."""
+    weights = F.dropout(attention_weights(q, k, mask), dropout_p)
+    return weights @ v.repeat_interleave(q.size(1) // v.size(1), dim=1)
 
 
 def spelled_out_is_faster(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from model import attention, causal_mask
+from model.attention import SPELLED_OUT_MAX_LEN
 
 
 def weights_of(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -152,7 +153,7 @@ def test_long_bfloat16_sequences_and_inference_stay_with_the_fused_kernel(monkey
     monkeypatch.setattr(
         torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or fused(*a, **k)
     )
-    (long_q,) = bfloat16_leaves((1, 1, 257, 8))
+    (long_q,) = bfloat16_leaves((1, 1, SPELLED_OUT_MAX_LEN + 1, 8))
     attention(long_q, long_q, long_q)
     with torch.no_grad():
         (short_q,) = bfloat16_leaves((1, 1, 8, 8))

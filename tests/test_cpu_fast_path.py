@@ -3,7 +3,6 @@ them shows up without a GPU: bfloat16 autocast, the fused AdamW and torch.compil
 own: the allocator keeping freed memory. (MFU is in test_trainer.py, FSDP's mixed precision in
 test_distributed.py.)"""
 
-import ctypes
 import subprocess
 import sys
 
@@ -75,7 +74,8 @@ STEP_OF_ALLOCATIONS = """
 import resource, sys, torch
 from trainer.runtime import keep_freed_memory
 if sys.argv[1] == "keep" and not keep_freed_memory():
-    sys.exit("no mallopt")
+    print("not kept")
+    sys.exit()
 def step():  # a training step's activations, in miniature: held together, then all freed
     held = [torch.ones(2**16 * (1 + i % 5)) for i in range(40)]
     return sum(t[0] for t in held)
@@ -87,17 +87,23 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-@pytest.mark.skipif(not hasattr(ctypes.CDLL(None), "mallopt"), reason="the C library is not glibc")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts page faults as Linux does")
 def test_cpu_training_reuses_freed_memory_instead_of_faulting_it_in_each_step():
-    def page_faults(mode: str) -> int:
-        run = subprocess.run(
-            [sys.executable, "-c", STEP_OF_ALLOCATIONS, mode],
-            cwd=PROJECT_ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return int(run.stdout)
+    def page_faults(mode: str) -> str:
+        command = [sys.executable, "-c", STEP_OF_ALLOCATIONS, mode]
+        return subprocess.run(command, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
-    assert page_faults("default") > 5_000  # 40 tensors of 256 kB to 1.3 MB, mapped afresh each step
-    assert page_faults("keep") < 500
+    kept = page_faults("keep")
+    if kept == "not kept":
+        pytest.skip("the C library is not a 64-bit glibc: keep_freed_memory changes nothing here")
+    default = int(page_faults("default"))  # 40 tensors of 256 kB to 1.3 MB, each step
+    if default < 1_000:
+        pytest.skip(f"this machine's allocator already keeps freed memory ({default} page faults in 10 steps)")
+    assert int(kept) < default / 10
+
+
+def test_a_cpu_trainer_keeps_freed_memory(tmp_path, data_dir, monkeypatch):
+    calls = []
+    monkeypatch.setattr("trainer.loop.keep_freed_memory", lambda: calls.append(1) or True)
+    Trainer(tiny_config(tmp_path / "run", data_dir, train__max_iters=1))
+    assert calls == [1]

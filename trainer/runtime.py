@@ -120,10 +120,10 @@ def keep_freed_memory() -> bool:
     every CPU training step faults the same pages in again (a million page faults in 300 steps of
     configs/shakespeare_char_speedrun_quickstart.toml; keeping the memory took 6.6 s off its 49 s
     run, docs/benchmarks-history.md). The process then holds on to its peak memory until it exits.
-    Returns False where the C library has no mallopt (not glibc): nothing changes there."""
+    Returns False where the C library has no such mallopt (not glibc): nothing changes there."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
+    except (AttributeError, OSError, TypeError):  # TypeError: Windows has no process-wide CDLL(None)
         return False
     trim_threshold, mmap_threshold = -1, -3  # glibc's malloc.h parameter numbers
     return bool(mallopt(mmap_threshold, 32 * 2**20)) and bool(mallopt(trim_threshold, 2**30))
