@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.ablation import final_val_loss, whole_process  # noqa: E402
 from bench.arguments import BenchArguments, write_json  # noqa: E402
-from bench.val import score_run  # noqa: E402
+from bench.val import STRIDE, score_run  # noqa: E402
 from data.corpus import CORPUS_DIR, ensure_prepared  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
 from trainer.config import load_config, override_keys  # noqa: E402
@@ -74,7 +74,6 @@ NANOGPT_FILES = ("train.py", "config/train_shakespeare_char.py", "data/shakespea
 # nanoGPT's estimate_loss line, printed at every evaluation
 NANOGPT_EVALUATION = re.compile(r"^step (\d+): train loss (\S+), val loss (\S+)$", re.MULTILINE)
 FIGURES = ("threads", "reference", "ours", "wall_ratio")  # keys of an earlier --json of this script
-WHOLE_SPLIT_STRIDE = 16  # bench/val.py's default: windows every 16 tokens of the val split
 
 
 def main() -> None:
@@ -132,7 +131,7 @@ def main() -> None:
 def our_val_loss(run_dir: Path, whole_split: bool) -> float:
     """A finished run's val loss: over the whole val split (bench/val.py), or the trainer's last estimate."""
     if whole_split:
-        return score_run(run_dir, "val", WHOLE_SPLIT_STRIDE)["loss"]
+        return score_run(run_dir, "val", STRIDE)["loss"]
     return final_val_loss(run_dir)
 
 

@@ -35,13 +35,16 @@ from trainer.objective import Objective  # noqa: E402
 
 WINDOWS_PER_BATCH = 256
 OBJECTIVE_SEED = 0  # the prefix lengths of a prefix-LM run: the same for every run
+STRIDE = 16  # tokens between window starts, unless --stride says otherwise
 
 
 def parse_args() -> argparse.Namespace:
     parser = BenchArguments(__doc__)
     parser.add_argument("runs", nargs="+", help="run directories (each with a checkpoint)")
     parser.add_argument("--split", choices=["val", "train"], default="val", help="which split (default: val)")
-    parser.add_count("--stride", default=16, help="tokens between window starts (default: 16; not for chat data)")
+    parser.add_count(
+        "--stride", default=STRIDE, help=f"tokens between window starts (default: {STRIDE}; not for chat data)"
+    )
     return parser.parse_args()
 
 
