@@ -22,11 +22,13 @@ or Q4_0 writes its matrices quantized.
 
 The prompt is encoded in one forward pass, then each new token costs one step over the KV cache.
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
-faster in float32 (not with --compile, which cannot trace them), and each step runs the model's
-arithmetic in fewer operations (inference/decode_step.py); the start-up line says which products and
-which step are used. --precision stores the linear layers' weights in fewer bytes, which read faster:
-float16 (about half float32's time a token, greedy text mostly unchanged), bfloat16 or int8, while
-the rest of the model stays in --dtype (docs/sampling.md says what each costs).
+faster in float32, and each step runs the model's arithmetic in fewer operations
+(inference/decode_step.py); the start-up line says which products and which step are used. There,
+--compile compiles that step over the float32 weights as they are, whose loops read them faster still
+at one row, after some seconds of compiling (docs/sampling.md). --precision stores the linear
+layers' weights in fewer bytes, which read faster: float16 (about half float32's time a token,
+greedy text mostly unchanged), bfloat16 or int8, while the rest of the model stays in --dtype
+(docs/sampling.md says what each costs).
 The model sees at most block_size tokens: once a sample grows past that, the context slides, the
 last block_size // 2 tokens are encoded afresh and generation goes on, so each new token sees
 between block_size // 2 and block_size tokens. A prompt longer than block_size is an error.
@@ -166,7 +168,7 @@ def parse_args() -> argparse.Namespace:
         "--compile",
         action="store_true",
         help="torch.compile the one-token step, with CUDA graphs on a GPU: a slow start, then faster tokens "
-        "(on a CPU the default, eager step over packed linear layers is faster)",
+        "(on an x86-64 CPU in float32, the decoding step's own loops: fastest for one sample at a time)",
     )
     args = parser.parse_args()
     if "" in args.stop:
@@ -366,7 +368,7 @@ def write_samples(
         generators=generators,
         use_cache=not args.no_cache,
         pad=pad,
-        compile=args.compile,
+        compile=args.compile and step is None,  # a compiled decoding step replaces the compiled model
         step=step,
     )
     done = [False] * len(rows)

@@ -22,13 +22,15 @@ int8), and whether its tokens equal those of this sampler in float32 (the share 
 
 Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on products in each of
 --precisions, as sample.py decodes on a CPU; the model's own step on the same float32 products (the
-sampler before that step), on nn.Linear, compiled (on nn.Linear), and without the cache (batch 1 only:
-re-encoding the context for every token grows with the square of the length). On other devices, or
-with --dtype other than float32, the products stay the model's dtype and the precisions other than
-float32 are left out. The "matrix products only" rows are a floor: the step's 49 weight products and
-nothing else, --new-tokens times. Below the table, an estimate of the memory bound at batch 1: the
-bytes of all weights over the read bandwidth of a sum over a 1 GiB buffer. --json PATH also writes
-the rows and the estimate as JSON, rewritten after each batch size (`complete` false until the end).
+sampler before that step), on nn.Linear, compiled as sample.py --compile compiles it (on a CPU, for
+float32, the decoding step over its streamed weights; elsewhere the model's step on nn.Linear), and
+without the cache (batch 1 only: re-encoding the context for every token grows with the square of
+the length). On other devices, or with --dtype other than float32, the products stay the model's
+dtype and the precisions other than float32 are left out. The "matrix products only" rows are a
+floor: the step's 49 weight products and nothing else, --new-tokens times. Below the table, an
+estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth of a sum
+over a 1 GiB buffer. --json PATH also writes the rows and the estimate as JSON, rewritten after each
+batch size (`complete` false until the end).
 """
 
 import argparse
@@ -86,8 +88,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--step-rows-only",
         action="store_true",
-        help="of ours, only the decoding step's rows (no model's step, nn.Linear, compiled, no-cache or products-only "
-        "rows): the comparison with llama.cpp and transformers in a few minutes",
+        help="of ours, only the decoding step's rows, eager and (without --no-compile) compiled: no model's step, "
+        "nn.Linear, no-cache or products-only rows; the comparison with llama.cpp and transformers in a few minutes",
     )
     parser.add_json_output("--json", ("new_tokens", "rows"), help="also write the rows to this JSON file")
     args = parser.parse_args()
@@ -168,14 +170,20 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     for precision, (model, step, products) in models.items():
         name = "ours, decoding step" if step is not None else "ours, model's step"
         rows.append(Row(name, products, ours_run(model, step), COUNTERPARTS.get(precision)))
+    if not args.no_compile:  # sample.py --compile: on a CPU the compiled decoding step, elsewhere the model's
+        compiled = copy.deepcopy(ours)
+        decoding = prepare_decoding(compiled, device, batch_size=batch, compile=True)
+        if decoding.step is not None:
+            run = ours_run(compiled, decoding.step)
+            rows.append(Row("ours, compiled decoding step", "float32 streamed", run, "F32"))
+        elif not args.step_rows_only:
+            rows.append(Row("ours, compiled step", "nn.Linear", ours_run(ours, compile=True)))
     if args.step_rows_only:
         return [*rows, *llama_rows(llama, prompt, new_tokens)]
     packed = None if packing_unavailable(device, ours.transformer.wte.weight.dtype) else models["float32"][0]
     if packed is not None:
         rows.append(Row("ours, model's step", "packed", ours_run(packed)))
     rows.append(Row("ours, model's step", "nn.Linear", ours_run(ours)))
-    if not args.no_compile:
-        rows.append(Row("ours, compiled step", "nn.Linear", ours_run(ours, compile=True)))
     if batch == 1:
         rows.append(
             Row(

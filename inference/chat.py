@@ -229,7 +229,13 @@ def chat_in_terminal(
     check_chat_model(tokenizer, source)
     device = model.transformer.wte.weight.device
     sampling = Sampling(
-        args.max_new_tokens, args.temperature, args.top_k or None, args.top_p, not args.no_cache, args.compile, step
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k or None,
+        args.top_p,
+        not args.no_cache,
+        args.compile and step is None,  # a compiled decoding step replaces the compiled model
+        step,
     )
     generator = torch.Generator(device=device).manual_seed(args.seed)
     if args.prompt is None:

@@ -16,19 +16,35 @@ generation tasks) makes a loaded model ready: it packs the linear layers in the 
 (inference/packed_linear.py), builds the step where it applies, and says in one line how decoding
 runs. The prompt, and each re-encoding after the context slides, stay on the model's forward pass
 (over the same packed products).
+
+With --compile on a CPU the step is compiled instead: its linear layers hold their float32 weights
+as they are (StreamedLinear), and one row's product and attention over the cache are each written as
+a multiplication and a sum, which Inductor compiles into loops that read each weight and each cached
+key once. At batch 1 that is faster than the packed products (docs/benchmarks.md), after a compilation
+of some seconds.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from errors import UserError
-from inference.packed_linear import PRECISIONS, precision_unavailable, prepare_products
+from inference.packed_linear import PRECISIONS, precision_unavailable, prepare_products, stream_linears
 from model import GPT, attention
 from model.kv_cache import KVCache
 
 NOT_PACKED = "nn.Linear layers (it calls packed products)"  # step_unsupported's answer for unpacked layers
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the products in the model's dtype
+# how the compiled step decodes, for the start-up line
+STREAMED = "float32 weights streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
+# Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
+# each of the weight rows' sums that read it; and no guards on the frozen model's modules (checking
+# its 150 or so tensors at every step cost about half a millisecond)
+COMPILE_OPTIONS = {
+    "realize_cpu_opcount_threshold": 1,
+    "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+}
 
 
 def step_unsupported(model: GPT) -> str | None:
@@ -36,27 +52,57 @@ def step_unsupported(model: GPT) -> str | None:
     switches), or None. A one-token step after a prefix-LM prompt is causal, so that pattern needs
     nothing of it; the others keep state in the cache (window, documents) or in modules the step does
     not call."""
+    reason = key_unsupported(model)
+    if reason is None and any(isinstance(module, torch.nn.Linear) for module in model.modules()):
+        return NOT_PACKED
+    return reason
+
+
+def key_unsupported(model: GPT) -> str | None:
+    """The model key (by name) whose switch a DecodeStep does not compute, or None."""
     keys = ("attn_window", "attn_block", "attn_documents", "value_embeds", "unet_skips", "backout", "smear_gate")
     for key in (*keys, "bigram_embed"):
         if getattr(model.config, key):
             return f"model.{key}"
-    if any(isinstance(module, torch.nn.Linear) for module in model.modules()):
-        return NOT_PACKED
     return None
+
+
+def one_query_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`attention` for one query per row, (B, H, 1, D) over (B, Hkv, L, D) keys and values, written as
+    multiplications and sums that a compiled step fuses into its own loops (SDPA's kernel is called,
+    and allocates, once per layer). mask: None (every key is seen) or (B, 1, 1, L), True where a key
+    is seen."""
+    B, H, _, D = q.shape
+    Hkv = k.size(1)
+    q = q.view(B, Hkv, H // Hkv, 1, D)  # each key/value head's group of query heads
+    scores = (q * k[:, :, None]).sum(dim=-1) / math.sqrt(D)  # (B, Hkv, H / Hkv, L)
+    if mask is not None:
+        scores = scores.masked_fill(~mask.view(B, 1, 1, -1), float("-inf"))
+    weights = scores.softmax(dim=-1)
+    y = (weights[..., None] * v[:, :, None]).sum(dim=-2)  # (B, Hkv, H / Hkv, D)
+    return y.reshape(B, H, 1, D)
 
 
 class DecodeStep:
     """One new token per row over a KV cache, as the model computes it, called as the model is called
     for it: step(idx (B, 1), cache=, pad=, prefix=) -> (logits (B, 1, vocab_size), None). The model's
-    linear layers must be packed (inference/packed_linear.py), and step_unsupported(model) None."""
+    linear layers must be packed (inference/packed_linear.py), and step_unsupported(model) None.
+    attend: the attention of the new tokens' queries over the cache (`attention`'s arguments).
+    compile: torch.compile the step's arithmetic (everything after the cache's bookkeeping on the
+    host), with COMPILE_OPTIONS, for every cache length and batch size at once (dynamic shapes)."""
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: GPT, attend=attention, compile: bool = False):
         reason = step_unsupported(model)
         if reason is not None:
             raise ValueError(f"the decoding step does not compute {reason}")
         self.model = model
+        self.attend = attend
         self.mlp = model.config.mlp
         self.hidden = model.config.mlp_hidden
+        if compile:
+            self.one_token = torch.compile(self.one_token, dynamic=True, options=COMPILE_OPTIONS)
 
     @torch.no_grad()
     def __call__(
@@ -69,9 +115,13 @@ class DecodeStep:
         """idx: (B, 1) the newest token of each row; pad: (B,) each row's left padding (see GPT.forward);
         prefix: a prefix-LM's prefix lengths, which a token after them does not need (it sees every
         earlier key)."""
-        model, B = self.model, idx.size(0)
         assert idx.size(1) == 1 and not cache.static, "one token per row over a dynamic cache"
         cache.claim(1)
+        return self.one_token(idx, cache, pad)
+
+    def one_token(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None) -> tuple[torch.Tensor, None]:
+        """The step once its slot is claimed."""
+        model, B = self.model, idx.size(0)
         slots = cache.slots(1)  # (1,)
         positions = slots[None] if pad is None else slots[None] - pad[:, None]  # (1 or B, 1)
         # padding (slots before each row's first token) is hidden; every other written key is earlier
@@ -85,7 +135,7 @@ class DecodeStep:
             attn = block.attn
             q, k, v = attn.heads(block.ln_1(x).view(B, 1, -1), rotate)  # (B, H, 1, D), (B, Hkv, 1, D) twice
             k, v = cache.update(attn.layer_idx, k, v)  # (B, Hkv, kv_len, D)
-            y = attention(q, k, v, mask).reshape(B, attn.q_dim)  # (B, H * D): one query per row
+            y = self.attend(q, k, v, mask).reshape(B, attn.q_dim)  # (B, H * D): one query per row
             x = attn.c_proj.product_add(y, x)
             x = self.mlp_add(block.mlp, block.ln_2(x), x)
         cache.advance(1)
@@ -118,7 +168,7 @@ def check_precision(precision: str, device: torch.device, dtype: torch.dtype, co
     device in this dtype: checked before the model, perhaps a large download, is loaded."""
     if precision == "auto":
         return
-    reason = "torch.compile cannot trace its packed layers" if compile else None
+    reason = "torch.compile cannot trace its packed layers" if compile and precision != "float32" else None
     reason = reason or precision_unavailable(device, dtype, precision)
     if reason is not None:
         raise UserError(
@@ -138,11 +188,16 @@ def prepare_decoding(
     """Make model, loaded and moved to device, ready to decode: on an x86-64 CPU its linear layers
     packed for products in `precision` (PRECISION_CHOICES; auto: in the model's dtype) with their
     weights laid out for batch_size rows, and the DecodeStep where it computes the model. The model is
-    changed in place and frozen. compile: torch.compile makes the step, and cannot trace packed layers,
-    so they stay nn.Linear; use_cache False: there are no one-token steps. A precision that does not
-    apply is a UserError (check_precision)."""
+    changed in place and frozen. compile: torch.compile makes the step: on an x86-64 CPU, for a float32
+    model the DecodeStep computes, the step over StreamedLinear layers (module docstring); elsewhere the
+    model's own, which generate compiles, on nn.Linear layers (torch.compile cannot trace packed ones).
+    use_cache False: there are no one-token steps. A precision that does not apply is a UserError
+    (check_precision)."""
     dtype = model.transformer.wte.weight.dtype
     check_precision(precision, device, dtype, compile)
+    streamed = precision_unavailable(device, dtype, "float32") is None and key_unsupported(model) is None
+    if compile and use_cache and streamed:
+        return Decoding(DecodeStep(stream_linears(model), one_query_attention, compile=True), STREAMED)
     products = prepare_products(model, device, dtype, compile, None if precision == "auto" else precision, batch_size)
     unsupported = step_unsupported(model)
     if not use_cache or unsupported == NOT_PACKED:

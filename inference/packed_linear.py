@@ -28,6 +28,7 @@ added (`product`, `product_gelu`, `product_add`): inference/decode_step.py's one
 them, fused in one oneDNN call where the kind allows.
 """
 
+import mmap
 import platform
 
 import torch
@@ -153,6 +154,51 @@ class PackedLinear(InferenceLinear):
         return torch.ops.mkldnn._linear_pointwise.binary(x, residual, self.packed_weight, self.bias, "add")
 
 
+class StreamedLinear(InferenceLinear):
+    """float32 products for a one-token step that torch.compile compiles on a CPU: the product of one
+    row is written as the weight times the row, summed along each of the weight's rows, which Inductor
+    turns into one loop that reads the weight once, its rows split between the threads. At one row
+    that loop streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md, "Decoding
+    on a CPU against llama.cpp"); more rows, and every call outside a compiled graph (the prompt), take
+    F.linear. The weight lives in memory the system may back with huge pages (in_huge_pages)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__(linear)
+        self.register_buffer("weight", linear.weight.detach())
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) == 1 and torch.compiler.is_compiling():
+            y = (self.weight * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, self.weight, self.bias)
+
+
+def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies of tensors in one anonymous memory map advised for transparent huge pages (Linux's
+    madvise): a stream through 2 MiB pages leaves the CPU's prefetchers and its TLB far less to
+    restart than one through 4 KiB pages. Where the system has no such advice, the tensors as they are.
+    The map lives as long as any of the copies."""
+    if not hasattr(mmap, "MADV_HUGEPAGE") or not tensors:
+        return tensors
+    page, huge = mmap.PAGESIZE, 1 << 21
+    sizes = [-(-t.numel() * t.element_size() // page) * page for t in tensors]  # each copy starts on a page
+    memory = mmap.mmap(-1, sum(sizes) + huge, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        memory.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # transparent huge pages compiled out or refused: ordinary pages, still one map
+        pass
+    data = torch.frombuffer(memory, dtype=torch.uint8)
+    offset = -data.data_ptr() % huge  # the first copy starts on a huge page's boundary
+    copies = []
+    for tensor, size in zip(tensors, sizes, strict=True):
+        nbytes = tensor.numel() * tensor.element_size()
+        copy = data[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
+        copies.append(copy.copy_(tensor))
+        offset += size
+    return copies
+
+
 class Float16Linear(InferenceLinear):
     """float16 weights packed by fbgemm (torch.ops.quantized.linear_dynamic_fp16): float32 inputs
     and outputs, the weights read at half float32's bytes and the sums kept in float32. Its packed
@@ -221,11 +267,32 @@ def pack_linears(model: nn.Module, precision: str | None = None, batch_size: int
         "float16": Float16Linear,
         "int8": Int8Linear,
     }[precision]
+    return _swap_linears(model, lambda linear: layer(linear, batch_size))
+
+
+def stream_linears(model: nn.Module) -> nn.Module:
+    """Swap every nn.Linear of a float32 model on an x86-64 CPU, in place, for a StreamedLinear, its
+    weights copied in_huge_pages, and freeze the model: what a compiled one-token step multiplies by
+    (inference/decode_step.py). Returns the model."""
+    weight = next(model.parameters())
+    reason = precision_unavailable(weight.device, weight.dtype, "float32")
+    if reason is not None:
+        raise ValueError(f"cannot stream the linear layers: {reason}")
+    _swap_linears(model, StreamedLinear)
+    layers = [module for module in model.modules() if isinstance(module, StreamedLinear)]
+    for layer, weight in zip(layers, in_huge_pages([layer.weight for layer in layers]), strict=True):
+        layer.weight = weight
+    return model
+
+
+def _swap_linears(model: nn.Module, layer) -> nn.Module:
+    """Replace every nn.Linear of model by layer(linear), frozen for inference (eval mode, no
+    parameter needs gradients)."""
     model.eval().requires_grad_(False)
     linears = [(name, module) for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     for name, linear in linears:
         parent_name, _, child_name = name.rpartition(".")
-        setattr(model.get_submodule(parent_name), child_name, layer(linear, batch_size))
+        setattr(model.get_submodule(parent_name), child_name, layer(linear))
     return model
 
 

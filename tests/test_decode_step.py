@@ -4,14 +4,30 @@ every model it covers; a model it does not cover decodes with its own step and s
 reduced precision stay within their stated bounds of float32's."""
 
 import copy
+import mmap
 
 import pytest
 import torch
 
 from errors import UserError
-from inference.decode_step import DecodeStep, check_precision, prepare_decoding, step_unsupported
-from inference.packed_linear import Int8Linear, pack_linears, packing_unavailable, precision_unavailable
-from model import generate, left_pad
+from inference.decode_step import (
+    STREAMED,
+    DecodeStep,
+    check_precision,
+    one_query_attention,
+    prepare_decoding,
+    step_unsupported,
+)
+from inference.packed_linear import (
+    InferenceLinear,
+    Int8Linear,
+    StreamedLinear,
+    pack_linears,
+    packing_unavailable,
+    precision_unavailable,
+    stream_linears,
+)
+from model import attention, generate, left_pad
 from tests.conftest import tiny_model
 from tests.test_families import trained_like
 
@@ -114,15 +130,53 @@ def test_the_step_refuses_a_model_whose_layers_are_not_packed():
         DecodeStep(model)
 
 
-def test_without_the_cache_or_with_compile_there_is_no_step():
+def test_without_the_cache_there_is_no_step_and_compile_leaves_a_model_the_step_does_not_compute_its_own():
     assert prepare_decoding(model_of({}), CPU, use_cache=False).step is None
-    compiled = prepare_decoding(model_of({}), CPU, compile=True)
+    compiled = prepare_decoding(model_of(dict(attn_window=8)), CPU, compile=True)
     assert (compiled.step, compiled.description) == (
         None,
-        "nn.Linear products (torch.compile cannot trace packed layers)",
+        "nn.Linear products (torch.compile cannot trace packed layers), the model's own one-token steps (the "
+        "decoding step does not compute model.attn_window)",
     )
     with pytest.raises(ValueError, match="compile and step both replace the one-token step"):
         next(generate(model_of({}), torch.tensor([[1, 2]]), 2, compile=True, step=lambda *a, **k: None))
+
+
+@pytest.mark.parametrize("switches, rows", [(MODELS["gpt2"], 1), (MODELS["llama"], 3)], ids=["gpt2-1", "llama-3"])
+def test_compiled_step_greedy_tokens_equal_the_eager_steps(switches, rows):
+    """Past block_size tokens (the context slides and is re-encoded eagerly in between); the llama recipe
+    has grouped-query heads, and three rows are left-padded. One compilation serves every length."""
+    model = model_of(switches)
+    expected = greedy(pack_linears(copy.deepcopy(model)), PROMPTS[:rows], 2 * BLOCK, step=None)
+    decoding = prepare_decoding(model, CPU, compile=True)
+    assert decoding.description == STREAMED
+    assert all(isinstance(m, StreamedLinear) for m in model.modules() if isinstance(m, InferenceLinear))
+    assert torch.equal(greedy(model, PROMPTS[:rows], 2 * BLOCK, step=decoding.step), expected)
+    with torch._dynamo.config.patch(error_on_recompile=True):  # other lengths, another cache: the same compilation
+        assert torch.equal(greedy(model, PROMPTS[:rows], 5, step=decoding.step), expected[:, :5])
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("hidden", [False, True], ids=["all-keys", "padding-hidden"])
+def test_one_query_attention_equals_attention(kv_heads, hidden):
+    q, k, v = (torch.randn(3, n, length, 8) for n, length in ((4, 1), (kv_heads, 9), (kv_heads, 9)))
+    mask = (torch.arange(9) >= torch.tensor([0, 2, 5])[:, None])[:, None, None, :] if hidden else None
+    torch.testing.assert_close(one_query_attention(q, k, v, mask), attention(q, k, v, mask))
+
+
+def test_streamed_products_equal_the_linear_layers_eager_and_compiled_from_weights_in_huge_page_aligned_memory():
+    linears = [torch.nn.Linear(48, 80), torch.nn.Linear(80, 48, bias=False)]
+    model = stream_linears(torch.nn.Sequential(*copy.deepcopy(linears)))
+    x = torch.randn(1, 48)
+    with torch.no_grad():
+        expected = linears[1](linears[0](x))
+        torch.testing.assert_close(model(x), expected)
+        torch.testing.assert_close(torch.compile(model)(x), expected)
+    weights = [layer.weight for layer in model]
+    assert all(torch.equal(w, linear.weight) for w, linear in zip(weights, linears, strict=True))
+    if hasattr(mmap, "MADV_HUGEPAGE"):  # one map, from a huge page's boundary
+        assert weights[0].data_ptr() % (1 << 21) == 0
+        assert weights[1].untyped_storage().data_ptr() == weights[0].untyped_storage().data_ptr()
 
 
 @pytest.mark.parametrize("precision", PRECISION_BOUNDS)
