@@ -23,14 +23,14 @@ int8), and whether its tokens equal those of this sampler in float32 (the share 
 Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on products in each of
 --precisions, as sample.py decodes on a CPU; the model's own step on the same float32 products (the
 sampler before that step), on nn.Linear, compiled as sample.py --compile compiles it (on a CPU, for
-float32, the decoding step over its streamed weights; elsewhere the model's step on nn.Linear), and
-without the cache (batch 1 only: re-encoding the context for every token grows with the square of
-the length). On other devices, or with --dtype other than float32, the products stay the model's
-dtype and the precisions other than float32 are left out. The "matrix products only" rows are a
-floor: the step's 49 weight products and nothing else, --new-tokens times. Below the table, an
-estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth of a sum
-over a 1 GiB buffer. --json PATH also writes the rows and the estimate as JSON, rewritten after each
-batch size (`complete` false until the end).
+float32 and one row, the decoding step over its streamed weights; elsewhere the model's step on
+nn.Linear), and without the cache (batch 1 only: re-encoding the context for every token grows with
+the square of the length). On other devices, or with --dtype other than float32, the products stay
+the model's dtype and the precisions other than float32 are left out. The "matrix products only"
+rows are a floor: the step's 49 weight products and nothing else, --new-tokens times. Below the
+table, an estimate of the memory bound at batch 1: the bytes of all weights over the read bandwidth
+of a sum over a 1 GiB buffer. --json PATH also writes the rows and the estimate as JSON, rewritten
+after each batch size (`complete` false until the end).
 """
 
 import argparse
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.arguments import BenchArguments, write_json  # noqa: E402
 from errors import UserError, run_cli  # noqa: E402
-from inference.decode_step import prepare_decoding  # noqa: E402
+from inference.decode_step import STREAMED, prepare_decoding  # noqa: E402
 from inference.packed_linear import PRECISIONS, InferenceLinear, packing_unavailable  # noqa: E402
 from interop.families import config_from_hf, state_dict_from_hf  # noqa: E402
 from model import GPT  # noqa: E402
@@ -173,10 +173,10 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     if not args.no_compile:  # sample.py --compile: on a CPU the compiled decoding step, elsewhere the model's
         compiled = copy.deepcopy(ours)
         decoding = prepare_decoding(compiled, device, batch_size=batch, compile=True)
-        if decoding.step is not None:
+        if decoding.description == STREAMED:
             run = ours_run(compiled, decoding.step)
             rows.append(Row("ours, compiled decoding step", "float32 streamed", run, "F32"))
-        elif not args.step_rows_only:
+        elif decoding.step is None and not args.step_rows_only:
             rows.append(Row("ours, compiled step", "nn.Linear", ours_run(ours, compile=True)))
     if args.step_rows_only:
         return [*rows, *llama_rows(llama, prompt, new_tokens)]

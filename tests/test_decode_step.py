@@ -156,6 +156,18 @@ def test_compiled_step_greedy_tokens_equal_the_eager_steps(switches, rows):
         assert torch.equal(greedy(model, PROMPTS[:rows], 5, step=decoding.step), expected[:, :5])
 
 
+def test_with_compile_several_rows_decode_with_the_eager_step_and_say_so():
+    model = model_of({})
+    expected = greedy(pack_linears(copy.deepcopy(model)), PROMPTS, 2 * BLOCK)
+    decoding = prepare_decoding(model, CPU, batch_size=3, compile=True)
+    assert decoding.description == (
+        "linear layers packed for oneDNN, one-token steps by inference/decode_step.py (--compile is for one row at a "
+        "time: 3 rows decode faster eagerly)"
+    )
+    assert not any(isinstance(m, StreamedLinear) for m in model.modules())
+    assert torch.equal(greedy(model, PROMPTS, 2 * BLOCK, step=decoding.step), expected)
+
+
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("hidden", [False, True], ids=["all-keys", "padding-hidden"])
 def test_one_query_attention_equals_attention(kv_heads, hidden):
