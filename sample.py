@@ -368,7 +368,7 @@ def write_samples(
         generators=generators,
         use_cache=not args.no_cache,
         pad=pad,
-        compile=args.compile and step is None,  # a compiled decoding step replaces the compiled model
+        compile=args.compile and step is None,  # a decoding step (compiled or not) replaces generate's compiled model
         step=step,
     )
     done = [False] * len(rows)

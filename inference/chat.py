@@ -234,7 +234,7 @@ def chat_in_terminal(
         args.top_k or None,
         args.top_p,
         not args.no_cache,
-        args.compile and step is None,  # a compiled decoding step replaces the compiled model
+        args.compile and step is None,  # a decoding step (compiled or not) replaces generate's compiled model
         step,
     )
     generator = torch.Generator(device=device).manual_seed(args.seed)

@@ -273,7 +273,9 @@ def pack_linears(model: nn.Module, precision: str | None = None, batch_size: int
 def stream_linears(model: nn.Module) -> nn.Module:
     """Swap every nn.Linear of a float32 model on an x86-64 CPU, in place, for a StreamedLinear, its
     weights copied in_huge_pages, and freeze the model: what a compiled one-token step multiplies by
-    (inference/decode_step.py). Returns the model."""
+    (inference/decode_step.py). Returns the model. The copies are made while the originals live, and
+    a weight shared with the token embedding (GPT-2's output layer) keeps its copy: for GPT-2 124M in
+    float32, 154 MB more than the model."""
     weight = next(model.parameters())
     reason = precision_unavailable(weight.device, weight.dtype, "float32")
     if reason is not None:
