@@ -68,8 +68,10 @@ def one_query_attention(
 ) -> torch.Tensor:
     """`attention` for one query per row, (B, H, 1, D) over (B, Hkv, L, D) keys and values, written as
     multiplications and sums that a compiled step fuses into its own loops (SDPA's kernel is called,
-    and allocates, once per layer). mask: None (every key is seen) or (B, 1, 1, L), True where a key
-    is seen."""
+    and allocates, once per layer). Unlike model.attention's `spelled_out`, whose matrix products
+    stay calls of their own and which copies the key/value heads for each group, nothing here leaves
+    the compiled loops or copies the cache. mask: None (every key is seen) or (B, 1, 1, L), True
+    where a key is seen."""
     B, H, _, D = q.shape
     Hkv = k.size(1)
     q = q.view(B, Hkv, H // Hkv, 1, D)  # each key/value head's group of query heads
