@@ -113,7 +113,7 @@ def main() -> None:
         check_json_output(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    check_precision(args.precision, device, dtype, compile=False)  # before a model, perhaps a large download, is loaded
+    check_precision(args.precision, device, dtype)  # before a model, perhaps a large download, is loaded
     model, tokenizer, source = load_model(args.out_dir, args.checkpoint, args.init_from)
     tasks = load_tasks(args.tasks, args.limit, tokenizer, model.config.block_size, args.max_new_tokens)
     model.to(device=device, dtype=dtype)

@@ -24,8 +24,8 @@ The prompt is encoded in one forward pass, then each new token costs one step ov
 On an x86-64 CPU the linear layers are first packed for oneDNN, which makes the steps 2 to 3 times
 faster in float32, and each step runs the model's arithmetic in fewer operations
 (inference/decode_step.py); the start-up line says which products and which step are used. There,
---compile compiles that step over the float32 weights as they are, whose loops read them faster still
-at one row, after some seconds of compiling (docs/sampling.md). --precision stores the linear
+--compile compiles that step over the weights unpacked (in --precision), whose loops read them faster
+still at one row, after some seconds of compiling (docs/sampling.md). --precision stores the linear
 layers' weights in fewer bytes, which read faster: float16 (about half float32's time a token,
 greedy text mostly unchanged), bfloat16 or int8, while the rest of the model stays in --dtype
 (docs/sampling.md says what each costs).
@@ -168,7 +168,8 @@ def parse_args() -> argparse.Namespace:
         "--compile",
         action="store_true",
         help="torch.compile the one-token step, with CUDA graphs on a GPU: a slow start, then faster tokens "
-        "(on an x86-64 CPU in float32, the decoding step's own loops: fastest for one sample at a time)",
+        "(on an x86-64 CPU, the decoding step's own loops over the weights in --precision: fastest for one sample at "
+        "a time)",
     )
     args = parser.parse_args()
     if "" in args.stop:
@@ -273,7 +274,7 @@ def main() -> None:
         return export(args)
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    check_precision(args.precision, device, dtype, args.compile)  # before a model, perhaps a large download, is loaded
+    check_precision(args.precision, device, dtype)  # before a model, perhaps a large download, is loaded
     if args.chat:  # the terminal chat's room (inference/chat.py): plain sampling never reads it
         from inference.chat import chat_in_terminal, check_messages
 

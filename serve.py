@@ -169,7 +169,7 @@ def main() -> None:
     args = parse_args()
     device = resolve_device(args.device, key="--device")
     dtype = resolve_dtype(args.dtype, device, key="--dtype")
-    check_precision(args.precision, device, dtype, compile=False)  # before a model, perhaps a large download, is loaded
+    check_precision(args.precision, device, dtype)  # before a model, perhaps a large download, is loaded
     with listen(args.host, args.port) as sock:  # closed however this ends
         model, tokenizer, source = load_model(args.out_dir, init_from=args.init_from)
         cache_bytes = kv_cache_bytes(model.config, dtype, args.max_batch)

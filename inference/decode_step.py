@@ -17,14 +17,16 @@ generation tasks) makes a loaded model ready: it packs the linear layers in the 
 runs. The prompt, and each re-encoding after the context slides, stay on the model's forward pass
 (over the same packed products).
 
-With --compile on a CPU the step is compiled instead: its linear layers hold their float32 weights
-as they are (StreamedLinear), and one row's product and attention over the cache are each written as
-a multiplication and a sum, which Inductor compiles into loops that read each weight and each cached
-key once. At batch 1 that is faster than the packed products (docs/benchmarks.md), after a compilation
-of some seconds.
+With --compile on a CPU the step is compiled instead: its linear layers hold their weights in the
+chosen precision, float32 as they are (StreamedLinear; int8 in Int8Linear's form), and one row's
+product and attention over the cache are each written as a multiplication and a sum, which Inductor
+compiles into loops that read each weight and each cached key once, widening a weight stored in fewer
+bytes to float32 as they read it. At batch 1 that is faster than the packed products
+(docs/benchmarks.md), after a compilation of some seconds.
 """
 
 import math
+import types
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +39,15 @@ from model.kv_cache import KVCache
 NOT_PACKED = "nn.Linear layers (it calls packed products)"  # step_unsupported's answer for unpacked layers
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the products in the model's dtype
 # how the compiled step decodes, for the start-up line
-STREAMED = "float32 weights streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
+STREAMED = {  # by the weights' precision
+    precision: f"{weights} streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
+    for precision, weights in {
+        "float32": "float32 weights",
+        "bfloat16": "bfloat16 weights (float32 sums)",
+        "float16": "float16 weights (float32 sums)",
+        "int8": "int8 weights with a scale per output row (float32 sums)",
+    }.items()
+}
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
 # each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step)
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1}
@@ -100,7 +110,13 @@ class DecodeStep:
         self.mlp = model.config.mlp
         self.hidden = model.config.mlp_hidden
         if compile:
-            self.one_token = torch.compile(self.one_token, dynamic=True, options=dict(COMPILE_OPTIONS))
+            # torch.compile keeps a function's graphs, and the guards that choose one at each call, with
+            # its code object: with one of its own, this step's graphs serve its model alone, so the
+            # guards need not check that model (frozen for inference) again at every token: for GPT-2
+            # 124M some 1,700 checks, 0.3 ms of a 6 ms token in bfloat16 (docs/benchmarks.md)
+            own = types.FunctionType(DecodeStep.one_token.__code__.replace(), globals(), "one_token")
+            options = {**COMPILE_OPTIONS, "guard_filter_fn": _outside_the_model}
+            self.one_token = torch.compile(types.MethodType(own, self), dynamic=True, options=options)
 
     @torch.no_grad()
     def __call__(
@@ -152,6 +168,13 @@ class DecodeStep:
         return mlp.c_proj.product_add(hidden, x)
 
 
+def _outside_the_model(guards: list) -> list[bool]:
+    """torch.compile's guard filter for a DecodeStep of its own code: keep the guards on the step's
+    inputs (the tokens, the cache, the padding) and drop those on its model."""
+    model = ("self.model.", "self.model[")
+    return [guard.name != "self.model" and not guard.name.startswith(model) for guard in guards]
+
+
 @dataclass(frozen=True)
 class Decoding:
     """A model made ready to decode: the one-token step to hand to generate (None: the model's own
@@ -161,17 +184,16 @@ class Decoding:
     description: str
 
 
-def check_precision(precision: str, device: torch.device, dtype: torch.dtype, compile: bool) -> None:
+def check_precision(precision: str, device: torch.device, dtype: torch.dtype) -> None:
     """Refuse, with the reason, a --precision (PRECISION_CHOICES) that cannot apply to a model on this
     device in this dtype: checked before the model, perhaps a large download, is loaded."""
     if precision == "auto":
         return
-    reason = "torch.compile cannot trace its packed layers" if compile and precision != "float32" else None
-    reason = reason or precision_unavailable(device, dtype, precision)
+    reason = precision_unavailable(device, dtype, precision)
     if reason is not None:
         raise UserError(
             f"--precision={precision} does not apply here: {reason} (leave --precision out, or decode a float32 "
-            f"model on an x86-64 CPU without --compile)"
+            f"model on an x86-64 CPU)"
         )
 
 
@@ -187,21 +209,26 @@ def prepare_decoding(
     packed for products in `precision` (PRECISION_CHOICES; auto: in the model's dtype) with their
     weights laid out for batch_size rows, and the DecodeStep where it computes the model. The model is
     changed in place and frozen. compile: torch.compile makes the step: on an x86-64 CPU, for a float32
-    model the DecodeStep computes and one row (batch_size 1 or None), the step over StreamedLinear layers
-    (module docstring; for more rows the eager step over packed layers, faster there, says so);
-    elsewhere the model's own, which generate compiles, on nn.Linear layers (torch.compile cannot
-    trace packed ones).
+    model the DecodeStep computes and one row (batch_size 1 or None), the step over layers streaming
+    their weights in `precision` (stream_linears; module docstring; for more rows the eager step over
+    packed layers, faster there, says so); elsewhere the model's own, which generate compiles, on
+    nn.Linear layers (torch.compile cannot trace packed ones), where a precision is refused.
     use_cache False: there are no one-token steps. A precision that does not apply is a UserError
     (check_precision)."""
     dtype = model.transformer.wte.weight.dtype
-    check_precision(precision, device, dtype, compile)
-    streamed = precision_unavailable(device, dtype, "float32") is None and key_unsupported(model) is None
+    check_precision(precision, device, dtype)
+    weights = "float32" if precision == "auto" else precision
+    unstreamed = precision_unavailable(device, dtype, weights) or key_unsupported(model)
     note = ""
-    if compile and use_cache and streamed:
+    if compile and use_cache and unstreamed is None:
         if (batch_size or 1) == 1:
-            return Decoding(DecodeStep(stream_linears(model), one_query_attention, compile=True), STREAMED)
+            step = DecodeStep(stream_linears(model, weights), one_query_attention, compile=True)
+            return Decoding(step, STREAMED[weights])
         # the streamed products are for one row: at 8 rows the compiled step took 2.5x the eager step's time
         note = f" (--compile is for one row at a time: {batch_size} rows decode with the eager step)"
+    elif compile and weights != "float32":  # torch.compile would trace nn.Linear layers, in float32
+        why = f"the decoding step does not compute {unstreamed}" if use_cache else "there are no one-token steps"
+        raise UserError(f"--precision={precision} with --compile: {why} (leave out --precision or --compile)")
     products_precision = None if precision == "auto" else precision
     products = prepare_products(model, device, dtype, compile and not note, products_precision, batch_size)
     unsupported = step_unsupported(model)

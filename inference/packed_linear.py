@@ -26,6 +26,11 @@ be moved, cast or saved (pack a model last, after moving and casting it, and sav
 Each layer also offers its product on (rows, features) inputs, with GELU after it or a residual
 added (`product`, `product_gelu`, `product_add`): inference/decode_step.py's one-token step calls
 them, fused in one oneDNN call where the kind allows.
+
+`stream_linears(model, precision)` prepares the layers of a step that torch.compile compiles instead:
+StreamedLinear holds the weight unpacked, in float32, bfloat16 or float16, and Int8Linear its int8
+rows and scales; inside a compiled graph, one row's product is the weight, widened to float32, times
+the row, summed along each weight row, a loop that streams the weight once.
 """
 
 import mmap
@@ -155,23 +160,26 @@ class PackedLinear(InferenceLinear):
 
 
 class StreamedLinear(InferenceLinear):
-    """float32 products for a one-token step that torch.compile compiles on a CPU: the product of one
-    row is written as the weight times the row, summed along each of the weight's rows, which Inductor
-    turns into one loop that reads the weight once, its rows split between the threads. At one row
-    that loop streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md, "Decoding
-    on a CPU against llama.cpp"); more rows, and every call outside a compiled graph (the prompt), take
-    F.linear. The weight lives in memory the system may back with huge pages (in_huge_pages)."""
+    """Products for a one-token step that torch.compile compiles on a CPU: the product of one row is
+    written as the weight times the row, summed along each of the weight's rows, which Inductor turns
+    into one loop that reads the weight once, its rows split between the threads. At one row that loop
+    streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md, "Decoding on a CPU
+    against llama.cpp"). The weight is kept in `dtype` (default: the linear's): a bfloat16 or float16
+    weight is widened to the row's dtype inside the loop, so the sums are the row's. More rows, and
+    every call outside a compiled graph (the prompt), take F.linear, on inputs rounded to the weight's
+    dtype. The weight lives in memory the system may back with huge pages (in_huge_pages)."""
 
-    def __init__(self, linear: nn.Linear):
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         super().__init__(linear)
-        self.register_buffer("weight", linear.weight.detach())
+        self.register_buffer("weight", linear.weight.detach().to(dtype or linear.weight.dtype))
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if x.size(0) == 1 and torch.compiler.is_compiling():
-            y = (self.weight * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+            y = (self.weight.to(x.dtype) * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
+        else:
+            y = F.linear(x.to(self.weight.dtype), self.weight).to(x.dtype)
+        return y if self.bias is None else y + self.bias
 
 
 def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -234,6 +242,10 @@ class Int8Linear(InferenceLinear):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
+        if x.size(0) == 1 and torch.compiler.is_compiling():  # streamed, as StreamedLinear's one row
+            row = F.pad(x, (0, self.padding)) if self.padding else x
+            y = (self.weight_int8.to(x.dtype) * row).sum(dim=-1)[None] * self.scale.to(x.dtype)
+            return y if self.bias is None else y + self.bias
         x16 = F.pad(x.to(torch.bfloat16), (0, self.padding)) if self.padding else x.to(torch.bfloat16)
         y = torch.ops.aten._weight_int8pack_mm(x16, self.weight_int8, self.scale).to(x.dtype)
         return y if self.bias is None else y.add_(self.bias)
@@ -270,20 +282,27 @@ def pack_linears(model: nn.Module, precision: str | None = None, batch_size: int
     return _swap_linears(model, lambda linear: layer(linear, batch_size))
 
 
-def stream_linears(model: nn.Module) -> nn.Module:
-    """Swap every nn.Linear of a float32 model on an x86-64 CPU, in place, for a StreamedLinear, its
-    weights copied in_huge_pages, and freeze the model: what a compiled one-token step multiplies by
-    (inference/decode_step.py). Returns the model. The copies are made while the originals live, and
-    a weight shared with the token embedding (GPT-2's output layer) keeps its copy: for GPT-2 124M in
-    float32, 154 MB more than the model."""
+def stream_linears(model: nn.Module, precision: str = "float32") -> nn.Module:
+    """Swap every nn.Linear of a float32 model on an x86-64 CPU, in place, for a layer whose one-row
+    product a compiled one-token step streams (inference/decode_step.py), its weight in `precision`
+    (PRECISIONS: StreamedLinear in float32, bfloat16 or float16; Int8Linear in int8) and copied
+    in_huge_pages, and freeze the model. Returns the model. The copies are made while the originals
+    live, and a weight shared with the token embedding (GPT-2's output layer) keeps its copy: for GPT-2
+    124M, 154 MB more than the model in float32 (39 MB in int8)."""
     weight = next(model.parameters())
-    reason = precision_unavailable(weight.device, weight.dtype, "float32")
+    reason = precision_unavailable(weight.device, weight.dtype, precision)
     if reason is not None:
         raise ValueError(f"cannot stream the linear layers: {reason}")
-    _swap_linears(model, StreamedLinear)
-    layers = [module for module in model.modules() if isinstance(module, StreamedLinear)]
-    for layer, weight in zip(layers, in_huge_pages([layer.weight for layer in layers]), strict=True):
-        layer.weight = weight
+    if precision == "int8":
+        _swap_linears(model, Int8Linear)
+        name = "weight_int8"
+    else:
+        dtype = getattr(torch, precision)
+        _swap_linears(model, lambda linear: StreamedLinear(linear, dtype))
+        name = "weight"
+    layers = [module for module in model.modules() if isinstance(module, (StreamedLinear, Int8Linear))]
+    for layer, weight in zip(layers, in_huge_pages([getattr(layer, name) for layer in layers]), strict=True):
+        setattr(layer, name, weight)
     return model
 
 
