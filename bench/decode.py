@@ -172,9 +172,9 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
         name = "ours, decoding step" if step is not None else "ours, model's step"
         rows.append(Row(name, products, ours_run(model, step), COUNTERPARTS.get(precision)))
     # sample.py --compile: on a CPU the compiled decoding step in each precision, elsewhere the model's step
-    for precision, (_, _, products) in models.items() if not args.no_compile else ():
+    for precision in models if not args.no_compile else ():
         compiled = copy.deepcopy(ours)
-        chosen = precision if products == precision else "auto"  # as our_models chose
+        chosen = "auto" if precision == "float32" else precision  # auto: the model's dtype, on every device
         decoding = prepare_decoding(compiled, device, chosen, batch, compile=True)
         if decoding.description == STREAMED.get(precision):
             run = ours_run(compiled, decoding.step)

@@ -38,15 +38,13 @@ from model.kv_cache import KVCache
 
 NOT_PACKED = "nn.Linear layers (it calls packed products)"  # step_unsupported's answer for unpacked layers
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the products in the model's dtype
-# how the compiled step decodes, for the start-up line
-STREAMED = {  # by the weights' precision
-    precision: f"{weights} streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
-    for precision, weights in {
-        "float32": "float32 weights",
-        "bfloat16": "bfloat16 weights (float32 sums)",
-        "float16": "float16 weights (float32 sums)",
-        "int8": "int8 weights with a scale per output row (float32 sums)",
-    }.items()
+# how the compiled step decodes, by the weights' precision, for the start-up line
+_COMPILED = "streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
+STREAMED = {
+    "float32": f"float32 weights {_COMPILED}",
+    "bfloat16": f"bfloat16 weights (float32 sums) {_COMPILED}",
+    "float16": f"float16 weights (float32 sums) {_COMPILED}",
+    "int8": f"int8 weights with a scale per output row (float32 sums) {_COMPILED}",
 }
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
 # each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step)
@@ -99,7 +97,9 @@ class DecodeStep:
     linear layers must be packed (inference/packed_linear.py), and step_unsupported(model) None.
     attend: the attention of the new tokens' queries over the cache (`attention`'s arguments).
     compile: torch.compile the step's arithmetic (everything after the cache's bookkeeping on the
-    host), with COMPILE_OPTIONS, for every cache length and batch size at once (dynamic shapes)."""
+    host), with COMPILE_OPTIONS, for every cache length and batch size at once (dynamic shapes). A
+    compiled step's guards do not check its model: it computes the model as it was at the first call
+    (a model prepared for decoding is frozen), and changes made to it later go unseen."""
 
     def __init__(self, model: GPT, attend=attention, compile: bool = False):
         reason = step_unsupported(model)

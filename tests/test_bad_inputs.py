@@ -601,7 +601,7 @@ CATALOGUE = [
     Case("prompt-file-is-a-directory", "sample.py", ["--prompt-file", "out"], "--prompt-file='out' cannot be read"),
     Case("batch-size-of-zero", "sample.py", ["--batch-size", "0"], "--batch-size=0 is not allowed"),
     Case("threads-below-zero", "sample.py", ["--threads", "-1"], "--threads=-1 is not allowed (use 0 up to 1024)"),
-    Case("precision-with-compile-of-a-model-the-step-does-not-compute", "sample.py", ["--out-dir", "out/tiny", "--precision", "int8", "--compile"], "--precision=int8 with --compile: the decoding step does not compute model.attn_window (leave out --precision or --compile)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
+    Case("precision-with-compile-of-a-model-the-step-does-not-compute", "sample.py", ["--out-dir", "out/tiny", "--device", "cpu", "--precision", "int8", "--compile"], "--precision=int8 with --compile: the decoding step does not compute model.attn_window (leave out --precision or --compile)", edit_checkpoint(lambda c: c["config"]["model"].update(attn_window=8))),
     Case("precision-of-a-bfloat16-model", "sample.py", ["--out-dir", "out/missing", "--precision", "float16", "--dtype", "bfloat16"], "--precision=float16 does not apply here: float16 products are for a float32 model, and this one is bfloat16"),
     Case("unknown-sampling-device", "sample.py", ["--device", "foo"], "--device='foo' is not one of auto, cpu, cuda, cuda:N, mps"),
     Case("sample-on-cuda-without-gpu", "sample.py", ["--device", "cuda"], "--device='cuda' but this machine has no usable CUDA GPU", needs_no_gpu=True),
