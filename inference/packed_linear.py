@@ -161,14 +161,17 @@ class PackedLinear(InferenceLinear):
 
 class StreamedLinear(InferenceLinear):
     """Products for a one-token step that torch.compile compiles on a CPU: the product of one row is
-    written as the weight times the row, summed along each of the weight's rows, which Inductor turns
-    into one loop that reads the weight once, its rows split between the threads. At one row that loop
-    streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md, "Decoding on a CPU
-    against llama.cpp"). The weight is kept in `dtype` (default: the linear's): a bfloat16 or float16
-    weight is widened to the row's dtype inside the loop, so the sums are the row's. More rows, and
-    every call outside a compiled graph (the prompt), take F.linear on the weight widened to the
-    inputs' dtype (a float16 product on a CPU without float16 arithmetic took 4x float32's time at
-    512 rows). The weight lives in memory the system may back with huge pages (in_huge_pages)."""
+    written as the weight times the row, summed along each of the weight's rows, which Inductor
+    turns into one loop that reads the weight once, its rows split between the threads. At one row
+    that loop streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md,
+    "Decoding on a CPU against llama.cpp"). The weight is kept in `dtype` (default: the linear's): a
+    bfloat16 or float16 weight is widened to the row's dtype inside the loop, so the sums are the
+    row's. More rows, and every call outside a compiled graph (the prompt), take F.linear: a
+    bfloat16 weight's on inputs rounded to bfloat16 (oneDNN's product, where bfloat16 decoding
+    applies: a third of widening the weight's time at 16 rows, under half at 512), another weight
+    widened to the inputs' dtype (a float16 product on a CPU without float16 arithmetic took 4x
+    float32's time at 512 rows). The weight lives in memory the system may back with huge pages
+    (in_huge_pages)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         super().__init__(linear)
@@ -178,6 +181,9 @@ class StreamedLinear(InferenceLinear):
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if x.size(0) == 1 and torch.compiler.is_compiling():
             y = (self.weight.to(x.dtype) * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
+            return y if self.bias is None else y + self.bias
+        if self.weight.dtype == torch.bfloat16:  # oneDNN's bfloat16 product, on inputs rounded to bfloat16
+            y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight.to(x.dtype), self.bias)
 

@@ -225,8 +225,9 @@ def rounded_as_stored(model: torch.nn.Module, precision: str) -> torch.nn.Module
     return model
 
 
-# the prompt's products widen the weights (int8's round the inputs to bfloat16), as a share of the largest output
-PROMPT_BOUNDS = {"float32": 1e-6, "float16": 1e-6, "bfloat16": 1e-6, "int8": 2e-2}
+# the prompt's products widen float16 weights and round bfloat16 and int8's inputs to bfloat16, as a share of the
+# largest output
+PROMPT_BOUNDS = {"float32": 1e-6, "float16": 1e-6, "bfloat16": 2e-2, "int8": 2e-2}
 
 
 @pytest.mark.parametrize("precision", ["float32", "bfloat16", "float16", "int8"])
