@@ -25,9 +25,9 @@ Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on pr
 sampler before that step), on nn.Linear, compiled as sample.py --compile compiles it (on a CPU, for
 one row, the decoding step over its weights streamed in each of --precisions, with no row where
 sample.py would decode several rows eagerly; elsewhere the model's step on nn.Linear), and without
-the cache (batch 1 only: re-encoding the context for every token grows with the square of the length). On other
-devices, or with --dtype other than float32, the products stay the model's dtype and the precisions
-other than float32 are left out. The "matrix products only" rows are a floor: the step's 49 weight
+the cache (batch 1 only: re-encoding the context for every token grows with the square of the
+length). On other devices, or with --dtype other than float32, the products stay the model's dtype
+and the precisions other than float32 are left out. The "matrix products only" rows are a floor: the step's 49 weight
 products and nothing else, --new-tokens times. Below the table, an estimate of the memory bound at
 batch 1: the bytes of all weights over the read bandwidth of a sum over a 1 GiB buffer. --json PATH
 also writes the rows and the estimate as JSON, rewritten after each batch size (`complete` false

@@ -179,13 +179,19 @@ class StreamedLinear(InferenceLinear):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach())
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        if x.size(0) == 1 and torch.compiler.is_compiling():
+        if _one_row_compiled(x):
             y = (self.weight.to(x.dtype) * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
-            return y if self.bias is None else y + self.bias
-        if self.weight.dtype == torch.bfloat16:  # oneDNN's bfloat16 product, on inputs rounded to bfloat16
+        elif self.weight.dtype == torch.bfloat16:  # oneDNN's bfloat16 product, on inputs rounded to bfloat16
             y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight.to(x.dtype), self.bias)
+        else:
+            return F.linear(x, self.weight.to(x.dtype), self.bias)
+        return y if self.bias is None else y + self.bias
+
+
+def _one_row_compiled(x: torch.Tensor) -> bool:
+    """Whether a product of x is one row's inside a graph torch.compile compiles: the one a streamed
+    layer writes as a multiplication and a sum."""
+    return x.size(0) == 1 and torch.compiler.is_compiling()
 
 
 def in_huge_pages(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -249,7 +255,7 @@ class Int8Linear(InferenceLinear):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
-        if x.size(0) == 1 and torch.compiler.is_compiling():  # streamed, as StreamedLinear's one row
+        if _one_row_compiled(x):  # streamed, as StreamedLinear's one row
             row = F.pad(x, (0, self.padding)) if self.padding else x
             y = (self.weight_int8.to(x.dtype) * row).sum(dim=-1)[None] * self.scale.to(x.dtype)
             return y if self.bias is None else y + self.bias
