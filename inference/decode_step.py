@@ -227,7 +227,9 @@ def prepare_decoding(
         # the streamed products are for one row: at 8 rows the compiled step took 2.5x the eager step's time
         note = f" (--compile is for one row at a time: {batch_size} rows decode with the eager step)"
     elif compile and weights != "float32":  # torch.compile would trace nn.Linear layers, in float32
-        why = f"the decoding step does not compute {unstreamed}" if use_cache else "there are no one-token steps"
+        why = f"the decoding step does not compute {unstreamed}"
+        if not use_cache:
+            why = "without the KV cache (--no-cache) there are no one-token steps"
         raise UserError(f"--precision={precision} with --compile: {why} (leave out --precision or --compile)")
     products_precision = None if precision == "auto" else precision
     products = prepare_products(model, device, dtype, compile and not note, products_precision, batch_size)

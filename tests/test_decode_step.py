@@ -188,7 +188,8 @@ def test_each_compiled_step_computes_its_own_model_though_its_guards_do_not_chec
 
 
 def test_compile_in_a_reduced_precision_without_the_cache_is_refused():
-    with pytest.raises(UserError, match="--precision=int8 with --compile: there are no one-token steps"):
+    why = r"without the KV cache \(--no-cache\) there are no one-token steps"
+    with pytest.raises(UserError, match=f"--precision=int8 with --compile: {why}"):
         prepare_decoding(model_of({}), CPU, "int8", compile=True, use_cache=False)
 
 
