@@ -19,6 +19,10 @@ over all rows, prompt encoding included) with the slowest and fastest round, ms 
 (wall), the process's CPU ms per step (all threads: steadier than the wall time on a busy machine),
 the ratio to transformers and to llama.cpp (F32 for float32, F16 for float16 and bfloat16, Q8_0 for
 int8), and whether its tokens equal those of this sampler in float32 (the share of equal tokens if not).
+Each round also times the first new token apart (the prompt's encoding and the first sample: "first
+token ms"), and the table splits the whole into it and the tokens after it ("tokens/s after the
+first": the one-token steps alone, as llama.cpp's llama-bench reports generation apart from the
+prompt), with their own ratio to llama.cpp.
 
 Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on products in each of
 --precisions, as sample.py decodes on a CPU; the model's own step on the same float32 products (the
@@ -105,7 +109,9 @@ def parse_args() -> argparse.Namespace:
 
 @dataclass
 class Row:
-    """One way of decoding a batch: run() gives its tokens, (B, new_tokens) as lists, or None (products only)."""
+    """One way of decoding a batch: run(first_token) gives its tokens, (B, new_tokens) as lists, or None
+    (products only), and calls first_token() once the first new token of every row is on the host (a
+    row that cannot tell does not call it)."""
 
     implementation: str
     products: str
@@ -115,6 +121,7 @@ class Row:
     first_seconds: float = 0.0
     seconds: list[float] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)
+    first_token_seconds: list[float] = field(default_factory=list)  # each round's wait for its first new token
 
 
 def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple[GPT, torch.nn.Module]:
@@ -152,17 +159,20 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     new_tokens, device, batch = args.new_tokens, prompt.device, prompt.size(0)
 
     def ours_run(model: GPT, step=None, use_cache: bool = True, compile: bool = False):
-        def run():
+        def run(first_token):
             steps = generate(model, prompt, new_tokens, temperature=0, use_cache=use_cache, compile=compile, step=step)
-            return torch.stack(list(steps), dim=1).tolist()
+            tokens = [next(steps)]  # on the host: a step's one wait for the device
+            first_token()
+            return torch.stack(tokens + list(steps), dim=1).tolist()
 
         return run
 
-    def reference_run():
+    def reference_run(first_token):
         with torch.no_grad():
             out = reference.generate(
                 prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
                 min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0,
+                streamer=FirstToken(first_token),
             )  # fmt: skip
         return out[:, prompt.size(1) :].tolist()
 
@@ -204,7 +214,11 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
 def llama_rows(llama: dict, prompt: torch.Tensor, new_tokens: int) -> list[Row]:
     """llama.cpp's rows, one for each GGUF type loaded."""
     return [
-        Row("llama.cpp", file_type, lambda greedy=greedy: greedy.generate(prompt.tolist(), new_tokens))
+        Row(
+            "llama.cpp",
+            file_type,
+            lambda first_token, greedy=greedy: greedy.generate(prompt.tolist(), new_tokens, first_token),
+        )
         for file_type, greedy in llama.items()
     ]
 
@@ -216,7 +230,7 @@ def products_only(model: GPT, batch: int, new_tokens: int):
     widths = {layer.in_features for layer in layers}
     inputs = {n: torch.randn(batch, 1, n, device=weight.device, dtype=weight.dtype) for n in widths}
 
-    def run():
+    def run(first_token):
         with torch.no_grad():
             for _ in range(new_tokens):
                 for layer in layers:
@@ -253,7 +267,7 @@ class LlamaGreedy:
         if self.lc.llama_decode(self.context, self.batch) != 0:
             raise RuntimeError("llama_decode failed")
 
-    def generate(self, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    def generate(self, prompts: list[list[int]], new_tokens: int, first_token=lambda: None) -> list[list[int]]:
         import numpy as np
 
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.context), True)
@@ -263,6 +277,8 @@ class LlamaGreedy:
             logits = np.ctypeslib.as_array(self.lc.llama_get_logits(self.context), (len(prompts), self.vocab_size))
             for row, token in zip(rows, logits.argmax(axis=1).tolist(), strict=True):
                 row.append(token)
+            if step == 0:
+                first_token()
             if step < new_tokens - 1:
                 self.decode([(row[-1], width + step, s, True) for s, row in enumerate(rows)])
         return rows
@@ -302,28 +318,53 @@ def time_rows(rows: list[Row], device: torch.device, repeats: int, round_done=la
         print(f"  {row.implementation}, {row.products}: first call {row.first_seconds:.2f} s", file=sys.stderr)
     for round_ in range(repeats):
         for row in rows if round_ % 2 == 0 else reversed(rows):
-            seconds, _, cpu_seconds = timed(row.run, device)
+            seconds, _, cpu_seconds, first_token_seconds = timed(row.run, device)
             row.seconds.append(seconds)
             row.cpu_seconds.append(cpu_seconds)
+            if first_token_seconds is not None:
+                row.first_token_seconds.append(first_token_seconds)
         round_done()
 
 
-def timed(run, device: torch.device) -> tuple[float, object, float]:
-    """Wall seconds, the result and the process's CPU seconds of one call."""
+def timed(run, device: torch.device) -> tuple[float, object, float, float | None]:
+    """Wall seconds, the result and the process's CPU seconds of one call of run(first_token), and the
+    wall seconds to its first new token (None if run did not call first_token)."""
     if device.type == "cuda":
         torch.cuda.synchronize()
+    first = []
     start, cpu_start = time.perf_counter(), time.process_time()
-    result = run()
+    result = run(lambda: first.append(time.perf_counter()) if not first else None)
     if device.type == "cuda":
         torch.cuda.synchronize()
-    return time.perf_counter() - start, result, time.process_time() - cpu_start
+    seconds = time.perf_counter() - start
+    return seconds, result, time.process_time() - cpu_start, first[0] - start if first else None
+
+
+class FirstToken:
+    """A streamer for transformers' generate that calls mark() when the first new tokens come (its
+    first call is the prompt's)."""
+
+    def __init__(self, mark):
+        self.mark, self.calls = mark, 0
+
+    def put(self, value: torch.Tensor) -> None:
+        self.calls += 1
+        if self.calls == 2:
+            self.mark()
+
+    def end(self) -> None:
+        pass
 
 
 def read_bandwidth(device: torch.device, small: bool) -> float:
     """Bytes per second that a sum over a 1 GiB buffer (64 MiB with --small) reads (fastest of 5)."""
     buffer = torch.ones(2**24 if small else 2**28, device=device)
-    timed(buffer.sum, device)
-    return buffer.numel() * buffer.element_size() / min(timed(buffer.sum, device)[0] for _ in range(5))
+
+    def read(first_token):
+        return buffer.sum()
+
+    timed(read, device)
+    return buffer.numel() * buffer.element_size() / min(timed(read, device)[0] for _ in range(5))
 
 
 def main() -> None:
@@ -385,9 +426,19 @@ def json_rows(table: list[tuple[int, Row]], new_tokens: int) -> list[dict]:
             cpu_seconds=row.cpu_seconds,
             first_call_seconds=row.first_seconds,
             tokens_per_sec=statistics.median(tokens_per_sec(batch, new_tokens, row.seconds)),
+            first_token_seconds=row.first_token_seconds,
+            tokens_per_sec_after_first=after_first(row, batch, new_tokens),
         )  # fmt: skip
         for batch, row in table
     ]
+
+
+def after_first(row: Row, batch: int, new_tokens: int) -> float | None:
+    """The median over rounds of the tokens after the first over their seconds (None: not timed apart)."""
+    if len(row.first_token_seconds) != len(row.seconds) or not row.seconds or new_tokens < 2:
+        return None
+    pairs = zip(row.seconds, row.first_token_seconds, strict=True)
+    return statistics.median(batch * (new_tokens - 1) / (whole - first) for whole, first in pairs)
 
 
 def same_tokens(row: Row, reference: Row | None) -> str:
@@ -408,7 +459,9 @@ def ratio(speed: float, other: Row, batch: int, new_tokens: int) -> str:
 
 def print_table(table: list[tuple[int, Row]], new_tokens: int) -> None:
     columns = ["implementation", "batch", "products", "tokens/s median [min..max]", "ms/step", "CPU ms/step"]
-    columns += ["vs transformers", "vs llama.cpp", "same tokens as ours float32"]
+    columns += ["vs transformers", "vs llama.cpp", "first token ms", "tokens/s after the first"]
+    columns += ["after the first vs llama.cpp"]
+    columns += ["same tokens as ours float32"]
     print("| " + " | ".join(columns) + " |")
     print("|" + " --- |" * len(columns))
     for batch, row in table:
@@ -420,12 +473,16 @@ def print_table(table: list[tuple[int, Row]], new_tokens: int) -> None:
             (r for r in mates if r.implementation == "ours, decoding step" and r.products == "float32"), None
         )
         spread = tokens_per_sec(batch, new_tokens, row.seconds)
+        first = f"{1000 * statistics.median(row.first_token_seconds):.1f}" if row.first_token_seconds else "-"
+        after, llama_after = after_first(row, batch, new_tokens), llama and after_first(llama, batch, new_tokens)
         print(
             f"| {row.implementation} | {batch} | {row.products} | {speed:.1f} [{min(spread):.1f}..{max(spread):.1f}] | "
             f"{1000 * statistics.median(row.seconds) / new_tokens:.1f} | "
             f"{1000 * statistics.median(row.cpu_seconds) / new_tokens:.1f} | "
             f"{ratio(speed, transformers, batch, new_tokens)} | "
-            f"{ratio(speed, llama, batch, new_tokens) if llama else '-'} | {same_tokens(row, reference)} |"
+            f"{ratio(speed, llama, batch, new_tokens) if llama else '-'} | {first} | "
+            f"{f'{after:.1f}' if after else '-'} | {f'{after / llama_after:.2f}x' if after and llama_after else '-'} | "
+            f"{same_tokens(row, reference)} |"
         )
     cached = {b: r for b, r in table if r.implementation == "ours, model's step" and r.products != "nn.Linear"}
     for batch, row in table:

@@ -352,6 +352,8 @@ def decode(run: PartRun) -> None:
         compiled = row["implementation"] == "ours, compiled step"
         speed = row["tokens_per_sec"] / reference["tokens_per_sec"]  # medians of the rounds
         value = f"{row['tokens_per_sec']:,.0f} tokens/s ({speed:.2f}x transformers)"
+        if row.get("tokens_per_sec_after_first"):  # the one-token steps alone, the prompt's encoding left out
+            value += f", {row['tokens_per_sec_after_first']:,.0f} after the first token"
         if compiled:  # its first call compiles: sample.py --compile's wait before the first token
             value += f"; first call {row['first_call_seconds']:.0f} s"
         goal = ">= 5,000 tokens/s on an H100" if compiled else ""

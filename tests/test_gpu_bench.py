@@ -5,6 +5,7 @@ packages a bare CUDA image lacks cannot be imported, as on such an image with no
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -63,7 +64,8 @@ def test_smoke_run_of_every_part_needs_only_what_the_gpu_image_holds(tmp_path, a
         "dense bool mask (2, 1, 64, 64))"
     )
     assert figures["compiled static cache (CUDA graphs)"].startswith("skipped: no CUDA")
-    assert figures["decoding batch 1: ours, model's step, nn.Linear"].endswith("x transformers)")
+    decoding = figures["decoding batch 1: ours, model's step, nn.Linear"]
+    assert re.search(r"x transformers\), [\d,]+ after the first token$", decoding), decoding
     assert re.search(r"x the plain run's, [+-]\d+\.\d ms\)$", figures["baby GPT step, FSDP2 (gloo)"])
     assert figures["kill and resume (FSDP2, torchrun)"].startswith("bit for bit at all 8 steps")
     table = (out / "report.md").read_text()
@@ -160,11 +162,11 @@ def test_decoding_benchmark_stopped_early_leaves_the_rounds_it_timed(tmp_path, m
 
     calls = {}
 
-    def timed(run, device):  # 2 s the first call of a row, then 0.5 s; stopped in the second round
+    def timed(run, device):  # 2 s the first call of a row, then 0.5 s (0.1 s to the first token); stopped in round 2
         calls[run] = calls.get(run, 0) + 1
         if calls[run] == 3:
             raise KeyboardInterrupt  # as the part's deadline would stop the script
-        return (2.0 if calls[run] == 1 else 0.5), None, 0.25
+        return (2.0 if calls[run] == 1 else 0.5), None, 0.25, 0.1
 
     result = tmp_path / "decode.json"
     argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", "--gguf-types"]
@@ -178,6 +180,27 @@ def test_decoding_benchmark_stopped_early_leaves_the_rounds_it_timed(tmp_path, m
     assert rows[0]["implementation"] == "transformers generate" and len(rows) == len(calls) > 2
     assert all(row["seconds"] == [0.5] and row["tokens_per_sec"] == 4 / 0.5 for row in rows)  # one round each
     assert all(row["first_call_seconds"] == 2.0 for row in rows)
+    assert all(row["first_token_seconds"] == [0.1] and row["tokens_per_sec_after_first"] == 3 / 0.4 for row in rows)
+
+
+def test_decoding_benchmark_times_the_first_token_apart(tmp_path, monkeypatch):
+    """Each round of a row that decodes says when its first new token came (the prompt's encoding and
+    the first sample), and the tokens after it are timed apart from it, for transformers and for ours."""
+    import bench.decode
+
+    result = tmp_path / "decode.json"
+    argv = ["bench/decode.py", "--small", "--no-compile", "--new-tokens=4", "--batch-sizes=1", "--gguf-types"]
+    argv += ["--step-rows-only", "--precisions", "float32", "--repeats=2", f"--json={result}"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bench.decode.main()
+    rows = json.loads(result.read_text())["rows"]
+    assert [row["implementation"] for row in rows] == ["transformers generate", "ours, decoding step"]
+    for row in rows:
+        assert len(row["first_token_seconds"]) == 2
+        rounds = list(zip(row["first_token_seconds"], row["seconds"], strict=True))
+        assert all(0 < first < whole for first, whole in rounds)
+        after = statistics.median(3 / (whole - first) for first, whole in rounds)  # 3 tokens after the first
+        assert row["tokens_per_sec_after_first"] == pytest.approx(after)
 
 
 def test_gpu_tests_turn_tf32_off_and_restore_it_after():
