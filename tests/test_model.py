@@ -116,6 +116,20 @@ def test_temperature_zero_is_argmax():
     assert sample_next_token(logits, temperature=0).tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_pick_is_torch_argmax_first_largest_and_nan_the_largest(dtype):
+    """Greedy decoding on a CPU takes numpy's argmax where it can: the same tokens as torch's, ties and
+    NaN included, on a row sliced out of wider logits, as generate slices them."""
+    torch.manual_seed(0)
+    nan, inf = float("nan"), float("inf")
+    special = torch.tensor([[1.0, nan, 3.0, nan, 0.0], [2.0, 5.0, 5.0, -1.0, 5.0], [-inf] * 5, [inf, 1.0, inf, 0, 9]])
+    rows = torch.randint(-3, 4, (64, 7)).to(dtype)  # many ties
+    sliced = torch.randn(3, 2, 50).to(dtype)[:, -1, :45]
+    for logits in (special.to(dtype), rows, sliced, sliced[0], torch.randn(9, requires_grad=True).to(dtype)):
+        picked = sample_next_token(logits, temperature=0)
+        assert picked.dtype == torch.int64 and torch.equal(picked, logits.argmax(dim=-1))
+
+
 def test_top_k_one_is_argmax():
     torch.manual_seed(0)
     logits = torch.randn(16, 100)
