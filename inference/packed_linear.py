@@ -166,15 +166,14 @@ class StreamedLinear(InferenceLinear):
     that loop streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md,
     "Decoding on a CPU against llama.cpp"). The weight is kept in `dtype` (default: the linear's): a
     bfloat16 or float16 weight is widened to the row's dtype inside the loop, so the sums are the
-    row's. More rows, and every call outside a compiled graph (the prompt), take F.linear: a
-    bfloat16 weight's on inputs rounded to bfloat16 (oneDNN's product, where bfloat16 decoding
+    row's. More rows, and every call outside a compiled graph (the prompt), take a product library's:
+    a bfloat16 weight's on inputs rounded to bfloat16 (oneDNN's product, where bfloat16 decoding
     applies: a third of widening the weight's time at 16 rows, under half at 512); a float16
     weight's on one row rounded to float16 (PyTorch's float16 matrix-vector product, float32 sums:
-    the prompt's output layer in 3.3 ms against 52 ms widened, GPT-2 124M; widened where a row's
-    inputs or outputs pass float16's range) but widened to the
-    inputs' dtype for more rows (a float16 product on a CPU without float16 arithmetic took 1.7x
-    float32's time at 16 rows, 4x at 512); a float32 weight's as it is. The weight lives in memory
-    the system may back with huge pages (in_huge_pages)."""
+    the prompt's output layer in 3.3 ms against 52 ms widened, GPT-2 124M; half_row); otherwise
+    oneDNN's on the weight as it lies, a float16 one widened to the inputs' dtype (a float16 product
+    on a CPU without float16 arithmetic took 1.7x float32's time at 16 rows, 4x at 512). The weight
+    lives in memory the system may back with huge pages (in_huge_pages)."""
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype | None = None):
         super().__init__(linear)
@@ -186,13 +185,19 @@ class StreamedLinear(InferenceLinear):
             y = (self.weight.to(x.dtype) * x).sum(dim=-1)[None]  # (1, out_features), summed in one compiled loop
         elif self.weight.dtype == torch.bfloat16:  # oneDNN's bfloat16 product, on inputs rounded to bfloat16
             y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
-        elif self.weight.dtype == torch.float16 and x.size(0) == 1:  # float16's matrix-vector product
-            y = F.linear(x.to(torch.float16), self.weight).to(x.dtype)
-            if not torch.isfinite(y).all():  # past float16's range (65504): widened, as for more rows
-                return F.linear(x, self.weight.to(x.dtype), self.bias)
         else:
-            return F.linear(x, self.weight.to(x.dtype), self.bias)
+            y = self.half_row(x) if self.weight.dtype == torch.float16 and x.numel() == x.size(-1) else None
+            if y is None and torch.compiler.is_compiling():  # several rows in a compiled graph
+                return F.linear(x, self.weight.to(x.dtype), self.bias)
+            if y is None:  # oneDNN's product on the weight as it lies: at 16 rows 0.66x F.linear's (MKL's) time
+                return torch.ops.mkldnn._linear_pointwise(x, self.weight.to(x.dtype), self.bias, "none", [], "")
         return y if self.bias is None else y + self.bias
+
+    def half_row(self, x: torch.Tensor) -> torch.Tensor | None:
+        """One row's product by PyTorch's float16 matrix-vector product (float32 sums), in x's dtype;
+        None past float16's range (65504), where the weight is widened instead."""
+        y = F.linear(x.to(torch.float16), self.weight)
+        return y.to(x.dtype) if torch.isfinite(y).all() else None
 
 
 def _one_row_compiled(x: torch.Tensor) -> bool:
