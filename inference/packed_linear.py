@@ -171,7 +171,8 @@ class StreamedLinear(InferenceLinear):
     applies: a third of widening the weight's time at 16 rows, under half at 512); a float16
     weight's on one row rounded to float16 (PyTorch's float16 matrix-vector product, float32 sums:
     the prompt's output layer in 3.3 ms against 52 ms widened, GPT-2 124M; half_row); otherwise
-    oneDNN's on the weight as it lies, a float16 one widened to the inputs' dtype (a float16 product
+    oneDNN's on the weight as it lies (in a compiled graph F.linear's: Inductor's oneDNN lowering
+    wants a constant weight), a float16 one widened to the inputs' dtype (a float16 product
     on a CPU without float16 arithmetic took 1.7x float32's time at 16 rows, 4x at 512). The weight
     lives in memory the system may back with huge pages (in_huge_pages)."""
 
@@ -186,7 +187,7 @@ class StreamedLinear(InferenceLinear):
         elif self.weight.dtype == torch.bfloat16:  # oneDNN's bfloat16 product, on inputs rounded to bfloat16
             y = F.linear(x.to(torch.bfloat16), self.weight).to(x.dtype)
         else:
-            y = self.half_row(x) if self.weight.dtype == torch.float16 and x.numel() == x.size(-1) else None
+            y = self.half_row(x) if self.weight.dtype == torch.float16 and x.size(0) == 1 else None  # x: (rows, in)
             if y is None and torch.compiler.is_compiling():  # several rows in a compiled graph
                 return F.linear(x, self.weight.to(x.dtype), self.bias)
             if y is None:  # oneDNN's product on the weight as it lies: at 16 rows 0.66x F.linear's (MKL's) time
