@@ -72,6 +72,7 @@ TOY_OVERRIDES = {
     ],
     "bench/decode.py": ["--small", "--new-tokens=4", "--batch-sizes=1", "--no-compile"],
     "bench/precision.py": ["--windows=1", "--context=8", "--precisions", "float32", "int8"],
+    "bench/products.py": ["--rows=64", "--cols=32", "--threads", "1", "--copies=1", "--repeats=1"],
     "bench/serve.py": ["--requests=2", "--max-tokens=2", "--clients", "1", "--threads=1"],
     "bench/attention.py": [
         "--block-size=64",
