@@ -8,10 +8,10 @@ as the compiled step holds it (inference/packed_linear.py: StreamedLinear in flo
 float16, Int8Linear in int8) and multiplied by one float32 row in a graph compiled with the step's
 options (inference/decode_step.py COMPILE_OPTIONS). Beside them: a compiled sum over as many bytes
 as the float32 weight (the memory's pace, no arithmetic to speak of), and, where PyTorch has fbgemm,
-its product of int8 weights by int8 activations (the row rounded to 8 bits at each call, as
-llama.cpp's Q8_0 rounds it; not what --precision int8 computes). --copies weights of each, used in
-turn, keep the weight out of the cache; --repeats rounds, every other one in reverse order; the
-median of each.
+its product of int8 weights by 8-bit activations (the row rounded at each call to uint8 with one
+scale; llama.cpp's Q8_0 rounds it to int8 in blocks of 32; not what --precision int8 computes).
+--copies weights of each, used in turn, keep the weight out of the cache; --repeats rounds, every
+other one in reverse order; the median of each.
 """
 
 import statistics
@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.arguments import BenchArguments  # noqa: E402
 from errors import run_cli  # noqa: E402
 from inference.decode_step import COMPILE_OPTIONS  # noqa: E402
-from inference.packed_linear import Int8Linear, StreamedLinear, in_huge_pages  # noqa: E402
+from inference.packed_linear import INT8_WIDTH_MULTIPLE, Int8Linear, StreamedLinear, in_huge_pages  # noqa: E402
 
 
 def products(rows: int, cols: int, copies: int) -> dict[str, tuple[int, list[Callable[[], object]]]]:
@@ -45,13 +45,13 @@ def products(rows: int, cols: int, copies: int) -> dict[str, tuple[int, list[Cal
     layers = [Int8Linear(linear) for linear in linears]
     table["int8 weights (--precision int8)"] = (rows * cols, _compiled(layers, "weight_int8", x))
     flat = in_huge_pages([linear.weight.view(-1) for linear in linears])
-    total = torch.compile(lambda w: w.sum(), dynamic=False, options=COMPILE_OPTIONS)
+    total = torch.compile(lambda w: w.sum(), dynamic=False, options=dict(COMPILE_OPTIONS))
     table["a sum over the float32 weight's bytes"] = (rows * cols * 4, [partial(total, w) for w in flat])
     if "fbgemm" in torch.backends.quantized.supported_engines and hasattr(torch, "quantize_per_channel"):
         torch.backends.quantized.engine = "fbgemm"
         packed = [torch.ops.quantized.linear_prepack(_per_row_int8(linear.weight), None) for linear in linears]
         calls = [partial(torch.ops.quantized.linear_dynamic, x, p) for p in packed]
-        table["fbgemm: int8 weights by int8 activations"] = (rows * cols, calls)
+        table["fbgemm: int8 weights by uint8 activations"] = (rows * cols, calls)
     return table
 
 
@@ -60,7 +60,7 @@ def _compiled(layers: list[nn.Module], name: str, x: torch.Tensor) -> list[Calla
     weight (the buffer `name`) where the step's weights lie (stream_linears: in huge pages)."""
     for layer, weight in zip(layers, in_huge_pages([getattr(layer, name) for layer in layers]), strict=True):
         setattr(layer, name, weight)
-    return [partial(torch.compile(layer.product, dynamic=False, options=COMPILE_OPTIONS), x) for layer in layers]
+    return [partial(torch.compile(layer.product, dynamic=False, options=dict(COMPILE_OPTIONS)), x) for layer in layers]
 
 
 def _per_row_int8(weight: torch.Tensor) -> torch.Tensor:
@@ -74,13 +74,15 @@ def _per_row_int8(weight: torch.Tensor) -> torch.Tensor:
 def main() -> None:
     parser = BenchArguments(__doc__)
     parser.add_count("--rows", default=50257, help="the weight's output rows (default: 50257)")
-    parser.add_count("--cols", default=768, help="its input columns, a multiple of 16 (default: 768)")
+    parser.add_count(
+        "--cols", default=768, help=f"its input columns, a multiple of {INT8_WIDTH_MULTIPLE} (default: 768)"
+    )
     parser.add_count("--threads", nargs="+", default=[1, 2], help="torch's threads, each in turn (default: 1 2)")
     parser.add_count("--copies", default=8, help="weights of each kind, used in turn (default: 8)")
     parser.add_count("--repeats", default=20, help="timed rounds (default: 20)")
     args = parser.parse_args()
-    if args.cols % 16:
-        parser.error(f"--cols={args.cols}: give a multiple of 16 (int8 layers pad narrower inputs)")
+    if args.cols % INT8_WIDTH_MULTIPLE:
+        parser.error(f"--cols={args.cols}: give a multiple of {INT8_WIDTH_MULTIPLE} (int8 layers pad other widths)")
     table = products(args.rows, args.cols, args.copies)
     shape = f"{args.rows:,} x {args.cols:,}"
     print(f"one row times a {shape} weight, {args.copies} copies of each, torch {torch.__version__}")

@@ -48,8 +48,10 @@ STREAMED = {
 }
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
 # each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step); and no
-# check of each input's sizes and strides at every call (some 220 for GPT-2 124M, 0.1 ms a token):
-# the tokens, cache and padding are checked by the guards, and the model, frozen, does not change
+# check of each input's sizes and strides at every call (some 220 for GPT-2 124M, 0.1 ms a token). The
+# tokens, cache and padding stay checked by the guards; most of the checks dropped were the model's
+# tensors', which the guards skip (DecodeStep): a model tensor replaced after the first call is read
+# with the first call's sizes, unchecked
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False}
 
 
@@ -84,10 +86,10 @@ def one_query_attention(
     where a key is seen; every row sees at least one key (a new token sees itself).
 
     The softmax is spelled out too, in the order that leaves Inductor the fewest loops: the query
-    scaled before the products (exact for a power-of-two head size), and the weighted values divided
-    by the weights' sum once, at the end (D divisions a head, not L). `scores.softmax()` after a
-    division compiles to a rewrite with a check for infinite scores and a second maximum: some
-    twelve loops a layer against seven, 0.2 ms of a 6.5 ms token for GPT-2 124M (docs/benchmarks.md)."""
+    scaled before the products (exact where the head size's square root is a power of two, as
+    GPT-2's 64), and the weighted values divided by the weights' sum once, at the end (D divisions a
+    head, not L). `scores.softmax()` after a division compiles to a rewrite with a check for infinite
+    scores and a second maximum: five loops a layer more (docs/benchmarks.md)."""
     B, H, _, D = q.shape
     Hkv = k.size(1)
     q = q.view(B, Hkv, H // Hkv, 1, D) * (1 / math.sqrt(D))  # each key/value head's group of query heads
@@ -107,7 +109,8 @@ class DecodeStep:
     compile: torch.compile the step's arithmetic (everything after the cache's bookkeeping on the
     host), with COMPILE_OPTIONS, for every cache length and batch size at once (dynamic shapes). A
     compiled step's guards do not check its model: it computes the model as it was at the first call
-    (a model prepared for decoding is frozen), and changes made to it later go unseen."""
+    (a model prepared for decoding is frozen), and changes made to it later go unseen: a tensor of it
+    replaced by one of another shape is read as the first, unchecked (COMPILE_OPTIONS)."""
 
     def __init__(self, model: GPT, attend=attention, compile: bool = False):
         reason = step_unsupported(model)

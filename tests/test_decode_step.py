@@ -208,7 +208,7 @@ def test_with_compile_several_rows_decode_with_the_eager_step_and_say_so():
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 @pytest.mark.parametrize("hidden", [False, True], ids=["all-keys", "padding-hidden"])
-@pytest.mark.parametrize("head_size", [8, 12], ids=["scale-exact", "scale-rounded"])
+@pytest.mark.parametrize("head_size", [16, 12], ids=["scale-exact", "scale-rounded"])
 def test_one_query_attention_equals_attention(kv_heads, hidden, head_size):
     """Its softmax spelled out (the query scaled first, normalised after the values' sum), in float32's rounding."""
     torch.manual_seed(0)
