@@ -18,11 +18,11 @@ runs. The prompt, and each re-encoding after the context slides, stay on the mod
 (over the same packed products).
 
 With --compile on a CPU the step is compiled instead: its linear layers hold their weights in the
-chosen precision, float32 as they are (StreamedLinear; int8 in Int8Linear's form), and one row's
-product and attention over the cache are each written as a multiplication and a sum, which Inductor
-compiles into loops that read each weight and each cached key once, widening a weight stored in fewer
-bytes to float32 as they read it. At batch 1 that is faster than the packed products
-(docs/benchmarks.md), after a compilation of some seconds.
+chosen precision, float32 as they are (StreamedLinear; int8 in Int8Linear's form), one row's product
+is written as a multiplication and a sum, and attention over the cache as products of one query row
+(`one_query_attention`); Inductor compiles both into loops that read each weight and each cached key
+once, widening a weight stored in fewer bytes to float32 as it reads it. At batch 1 that is faster
+than the packed products (docs/benchmarks.md), after a compilation of some seconds.
 """
 
 import math
@@ -42,10 +42,14 @@ PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the pro
 _COMPILED = "streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
 STREAMED = {
     "float32": f"float32 weights {_COMPILED}",
-    "bfloat16": f"bfloat16 weights (float32 sums) {_COMPILED}",
-    "float16": f"float16 weights (float32 sums) {_COMPILED}",
-    "int8": f"int8 weights with a scale per output row (float32 sums) {_COMPILED}",
+    "bfloat16": f"bfloat16 weights and KV cache (float32 sums) {_COMPILED}",
+    "float16": f"float16 weights, bfloat16 KV cache (float32 sums) {_COMPILED}",
+    "int8": f"int8 weights with a scale per output row, bfloat16 KV cache (float32 sums) {_COMPILED}",
 }
+# the keys and values of a compiled step in a reduced precision: half float32's bytes for attention to
+# read at every token, widened to float32 as read; bfloat16 keeps float32's range, where float16 would
+# overflow past 65,504
+REDUCED_CACHE = torch.bfloat16
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
 # each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step); and no
 # check of each input's sizes and strides at every call (some 220 for GPT-2 124M, 0.1 ms a token). The
@@ -78,27 +82,32 @@ def key_unsupported(model: GPT) -> str | None:
 def one_query_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """`attention` for one query per row, (B, H, 1, D) over (B, Hkv, L, D) keys and values, written as
-    multiplications and sums that a compiled step fuses into its own loops (SDPA's kernel is called,
-    and allocates, once per layer). Unlike model.attention's `spelled_out`, whose matrix products
-    stay calls of their own and which copies the key/value heads for each group, nothing here leaves
-    the compiled loops or copies the cache. mask: None (every key is seen) or (B, 1, 1, L), True
-    where a key is seen; every row sees at least one key (a new token sees itself).
+    """`attention` for one query per row, (B, H, 1, D) over (B, Hkv, L, D) keys and values, written for
+    a compiled step to fuse into its own loops (SDPA's kernel is called, and allocates, once per
+    layer). Unlike model.attention's `spelled_out`, which copies the key/value heads for each group,
+    nothing here leaves the compiled loops or copies the cache. mask: None (every key is seen) or
+    (B, 1, 1, L), True where a key is seen; every row sees at least one key (a new token sees itself).
 
-    The softmax is spelled out too, in the order that leaves Inductor the fewest loops: the query
-    scaled before the products (exact where the head size's square root is a power of two, as
-    GPT-2's 64), and the weighted values divided by the weights' sum once, at the end (D divisions a
-    head, not L). `scores.softmax()` after a division compiles to a rewrite with a check for infinite
-    scores and a second maximum: five loops a layer more (docs/benchmarks.md)."""
+    Both products are matrix products of one query row per head: Inductor computes those on a CPU as
+    a multiplication and a sum in one loop, which reads each cached key and value once, the heads
+    spread over the threads. Written here as a multiplication and a sum, they were stored whole before
+    their sums (with COMPILE_OPTIONS' threshold, a product over heads and keys is kept): 0.1 to 0.3 ms
+    a token more for GPT-2 124M (docs/benchmarks.md).
+
+    The softmax is spelled out, in the order that leaves Inductor the fewest loops: the query scaled
+    before the products (exact where the head size's square root is a power of two, as GPT-2's 64),
+    and the weighted values divided by the weights' sum once, at the end (D divisions a head, not L).
+    `scores.softmax()` after a division compiles to a rewrite with a check for infinite scores and a
+    second maximum: five loops a layer more (docs/benchmarks.md)."""
     B, H, _, D = q.shape
     Hkv = k.size(1)
     q = q.view(B, Hkv, H // Hkv, 1, D) * (1 / math.sqrt(D))  # each key/value head's group of query heads
-    scores = (q * k[:, :, None]).sum(dim=-1)  # (B, Hkv, H / Hkv, L)
+    scores = (q @ k[:, :, None].transpose(-1, -2)).squeeze(-2)  # (B, Hkv, H / Hkv, L)
     if mask is not None:
         scores = scores.masked_fill(~mask.view(B, 1, 1, -1), float("-inf"))
     weights = (scores - scores.amax(dim=-1, keepdim=True)).exp()  # unnormalised: the largest is 1
-    y = (weights[..., None] * v[:, :, None]).sum(dim=-2) / weights.sum(dim=-1)[..., None]  # (B, Hkv, H / Hkv, D)
-    return y.reshape(B, H, 1, D)
+    y = (weights[..., None, :] @ v[:, :, None]).squeeze(-2)  # (B, Hkv, H / Hkv, D)
+    return (y / weights.sum(dim=-1)[..., None]).reshape(B, H, 1, D)
 
 
 class DecodeStep:
@@ -221,8 +230,9 @@ def prepare_decoding(
     weights laid out for batch_size rows, and the DecodeStep where it computes the model. The model is
     changed in place and frozen. compile: torch.compile makes the step: on an x86-64 CPU, for a float32
     model the DecodeStep computes and one row (batch_size 1 or None), the step over layers streaming
-    their weights in `precision` (stream_linears; module docstring; for more rows the eager step over
-    packed layers, faster there, says so); elsewhere the model's own, which generate compiles, on
+    their weights in `precision` (stream_linears; module docstring) and, in a precision other than
+    float32, the model's KV caches in REDUCED_CACHE (for more rows the eager step over packed layers,
+    faster there, says so); elsewhere the model's own, which generate compiles, on
     nn.Linear layers (torch.compile cannot trace packed ones), where a precision is refused.
     use_cache False: there are no one-token steps. A precision that does not apply is a UserError
     (check_precision)."""
@@ -234,6 +244,7 @@ def prepare_decoding(
     if compile and use_cache and unstreamed is None:
         if (batch_size or 1) == 1:
             step = DecodeStep(stream_linears(model, weights), one_query_attention, compile=True)
+            model.cache_dtype = None if weights == "float32" else REDUCED_CACHE
             return Decoding(step, STREAMED[weights])
         # the streamed products are for one row: at 8 rows the compiled step took 2.5x the eager step's time
         note = f" (--compile is for one row at a time: {batch_size} rows decode with the eager step)"

@@ -54,6 +54,8 @@ class GPT(nn.Module):
             )
         self.config = config
         self.plain_causal = is_plain_causal(config)  # no mask needed: attention's fused causal path
+        # the dtype of the keys and values in new KV caches; None: the model's (prepare_decoding may set one)
+        self.cache_dtype: torch.dtype | None = None
         self.block_masks = {}  # FlexAttention masks of a pattern that reads nothing of the row, by length
         self.transformer = nn.ModuleDict(
             dict(
@@ -196,7 +198,8 @@ class GPT(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int | None = None, static: bool = False) -> KVCache:
         """An empty KV cache for batch_size sequences of up to max_len (default and at most
-        block_size) tokens, on the model's device and in its dtype. static: attention reads every
+        block_size) tokens, on the model's device and in cache_dtype (None: the model's dtype; attention
+        still computes in the model's dtype, the cache's keys widened as read). static: attention reads every
         slot, masked, so that each step has the same shapes (for torch.compile); see KVCache.
         A sliding-window model gets a rolling cache of attn_window + attn_sinks slots when that is
         fewer than max_len."""
@@ -205,11 +208,12 @@ class GPT(nn.Module):
         if max_len > cfg.block_size:
             raise ValueError(f"a cache of {max_len} positions exceeds the model's block_size={cfg.block_size}")
         weight = self.transformer.wte.weight  # not lm_head's: packed for inference, it has no .weight
+        dtype = self.cache_dtype or weight.dtype
         shape = (cfg.n_layer, batch_size, cfg.kv_heads, cfg.head_size, max_len)
         if cfg.attn_window and cfg.attn_window + cfg.attn_sinks < max_len:
             window = {"window": cfg.attn_window, "sinks": cfg.attn_sinks}
-            return RollingKVCache(*shape, **window, device=weight.device, dtype=weight.dtype, static=static)
-        return KVCache(*shape, weight.device, weight.dtype, static)
+            return RollingKVCache(*shape, **window, device=weight.device, dtype=dtype, static=static)
+        return KVCache(*shape, weight.device, dtype, static)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count. A tied token embedding counts once (it is also the output layer);

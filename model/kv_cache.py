@@ -128,16 +128,17 @@ class KVCache:
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Write (B, H, T, D) keys and values into the current call's slots; return the layer's
         keys and values over kv_len slots, (B, H, kv_len, D) (when static, the caller masks the
-        slots not written yet)."""
+        slots not written yet), in k's dtype: a cache in fewer bytes returns them widened, its new
+        ones as rounded when written."""
         if self.static:
             slots = self.slots(k.size(2))
             self.k[layer][:, :, slots] = k
             self.v[layer][:, :, slots] = v
-            return self.k[layer], self.v[layer]
+            return self.k[layer].to(k.dtype), self.v[layer].to(v.dtype)
         start = self.pos - k.size(2)
         self.k[layer][:, :, start : self.pos] = k
         self.v[layer][:, :, start : self.pos] = v
-        return self.k[layer][:, :, : self.pos], self.v[layer][:, :, : self.pos]
+        return self.k[layer][:, :, : self.pos].to(k.dtype), self.v[layer][:, :, : self.pos].to(v.dtype)
 
     def advance(self, n_tokens: int) -> None:
         if self.static:
@@ -244,12 +245,13 @@ class RollingKVCache(KVCache):
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Return the keys and values before this call followed by the new ones (B, H, T, D), as
-        (B, H, n_slots + T, D); then write the new ones into their slots."""
-        keys = torch.cat([self.k[layer][:, :, : self.n_slots], k], dim=2)
-        values = torch.cat([self.v[layer][:, :, : self.n_slots], v], dim=2)
+        (B, H, n_slots + T, D) in k's dtype (as KVCache.update); then write the new ones into their slots."""
+        k_kept, v_kept = k.to(self.k[layer].dtype), v.to(self.v[layer].dtype)  # as the cache holds them
+        keys = torch.cat([self.k[layer][:, :, : self.n_slots], k_kept], dim=2).to(k.dtype)
+        values = torch.cat([self.v[layer][:, :, : self.n_slots], v_kept], dim=2).to(v.dtype)
         index = self.write_slots[:, None, :, None].expand_as(k)  # (B, H, T, D)
-        self.k[layer].scatter_(2, index, k)
-        self.v[layer].scatter_(2, index, v)
+        self.k[layer].scatter_(2, index, k_kept)
+        self.v[layer].scatter_(2, index, v_kept)
         return keys, values
 
     def place(self, row: int, source: "KVCache", offset: int) -> None:

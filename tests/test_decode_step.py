@@ -217,6 +217,22 @@ def test_one_query_attention_equals_attention(kv_heads, hidden, head_size):
     torch.testing.assert_close(one_query_attention(q, k, v, mask), attention(q, k, v, mask))
 
 
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_compiled_one_query_attention_reads_the_cache_without_storing_products(kv_heads):
+    """Compiled as the step compiles it, each head's scores and weighted values are summed in the loops
+    that read the keys and values: two parallel loops in all (scores with their softmax, the values),
+    where a multiplication then a sum stored every key's products first and took four."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(0)
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, kv_heads, 9, 16), torch.randn(1, kv_heads, 9, 16)
+    torch._dynamo.reset()
+    compiled = torch.compile(one_query_attention, dynamic=True, options=dict(COMPILE_OPTIONS))
+    y, (code,) = run_and_get_code(compiled, q, k, v)
+    torch.testing.assert_close(y, attention(q, k, v))
+    assert code.count("#pragma omp for") == 2, code
+
+
 def rounded_as_stored(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     """A copy of model whose linear weights are rounded as stream_linears stores them in precision, in float32."""
     model = copy.deepcopy(model)
@@ -266,21 +282,45 @@ def test_streamed_products_compiled_sum_in_float32_from_weights_rounded_as_store
 
 
 @pytest.mark.parametrize("precision", ["bfloat16", "float16", "int8"])
-def test_compiled_step_in_a_reduced_precision_computes_the_model_whose_weights_are_rounded_as_stored(precision):
-    """The streamed products widen the stored weights inside their loops and sum in float32, so the compiled
-    step's logits are the float32 model's with its linear weights rounded as stored (the quickstart recipe:
-    its SwiGLU's width is no multiple of 16, which int8 pads)."""
+def test_compiled_step_in_a_reduced_precision_computes_the_model_whose_weights_and_cache_are_rounded(precision):
+    """The streamed products widen the stored weights inside their loops and sum in float32, and the KV
+    cache keeps keys and values in bfloat16, widened as attention reads them: the compiled step's logits
+    are the float32 model's with its linear weights rounded as stored and its cache in bfloat16 (the
+    quickstart recipe: its SwiGLU's width is no multiple of 16, which int8 pads)."""
     model = model_of(MODELS["quickstart"])
     reference = rounded_as_stored(model, precision)
+    reference.cache_dtype = torch.bfloat16
     decoding = prepare_decoding(model, CPU, precision, compile=True)
     assert decoding.description == STREAMED[precision]
-    theirs, pad = prefilled(reference, rows=1)
+    assert model.new_cache(1).k[0].dtype == torch.bfloat16
+    theirs, pad = prefilled(reference, rows=1)  # (the prompt's own products round otherwise: not compared here)
     ours = copy.deepcopy(theirs)
     with torch.no_grad():
         for token in ([[3]], [[8]]):
             expected, _ = reference(torch.tensor(token), cache=theirs, pad=pad)
             got, _ = decoding.step(torch.tensor(token), cache=ours, pad=pad)
+            assert got.dtype == torch.float32
             torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
+
+
+def test_a_cache_in_fewer_bytes_keeps_keys_rounded_and_gives_them_back_in_the_models_dtype():
+    """A float32 model's cache in bfloat16 holds its keys and values rounded, and attention reads them
+    widened to float32: the logits move by the rounding alone, and only where a cached key is read."""
+    model = model_of(MODELS["gpt2"])
+    exact = model.new_cache(1, 24)
+    model.cache_dtype = torch.bfloat16
+    rounded = model.new_cache(1, 24)
+    prompt = torch.tensor([PROMPTS[0]])
+    with torch.no_grad():
+        expected, _ = model(prompt, cache=exact)
+        got, _ = model(prompt, cache=rounded)
+    assert rounded.k[0].dtype == rounded.v[-1].dtype == torch.bfloat16 and got.dtype == torch.float32
+    assert torch.equal(rounded.k[0], exact.k[0].to(torch.bfloat16))  # the first layer's keys, as written
+    assert 0 < (got - expected).abs().max() <= 0.05 * expected.abs().max()
+    rounded.claim(1)
+    keys, values = rounded.update(0, exact.k[0][:, :, :1], exact.v[0][:, :, :1])
+    assert keys.dtype == values.dtype == torch.float32
+    assert torch.equal(keys[:, :, -1:], exact.k[0][:, :, :1].to(torch.bfloat16).float())  # the new key: rounded
 
 
 @pytest.mark.parametrize("precision", PRECISION_BOUNDS)
