@@ -132,8 +132,8 @@ class KVCache:
         ones as rounded when written."""
         if self.static:
             slots = self.slots(k.size(2))
-            self.k[layer][:, :, slots] = k
-            self.v[layer][:, :, slots] = v
+            self.k[layer][:, :, slots] = k.to(self.k[layer].dtype)  # an indexed write casts nothing itself
+            self.v[layer][:, :, slots] = v.to(self.v[layer].dtype)
             return self.k[layer].to(k.dtype), self.v[layer].to(v.dtype)
         start = self.pos - k.size(2)
         self.k[layer][:, :, start : self.pos] = k

@@ -217,7 +217,7 @@ def test_one_query_attention_equals_attention(kv_heads, hidden, head_size):
     torch.testing.assert_close(one_query_attention(q, k, v, mask), attention(q, k, v, mask))
 
 
-@pytest.mark.parametrize("kv_heads", [4, 1])
+@pytest.mark.parametrize("kv_heads", [12, 3])
 def test_compiled_one_query_attention_reads_the_cache_without_storing_products(kv_heads):
     """Compiled as the step compiles it, each head's scores and weighted values are summed in the loops
     that read the keys and values: two parallel loops in all (scores with their softmax, the values),
@@ -225,9 +225,11 @@ def test_compiled_one_query_attention_reads_the_cache_without_storing_products(k
     from torch._inductor.utils import run_and_get_code
 
     torch.manual_seed(0)
-    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, kv_heads, 9, 16), torch.randn(1, kv_heads, 9, 16)
+    # GPT-2's heads over 80 keys, for two threads: loops this large are split between threads
+    q, k, v = torch.randn(1, 12, 1, 64), torch.randn(1, kv_heads, 80, 64), torch.randn(1, kv_heads, 80, 64)
     torch._dynamo.reset()
-    compiled = torch.compile(one_query_attention, dynamic=True, options=dict(COMPILE_OPTIONS))
+    options = {**COMPILE_OPTIONS, "cpp.threads": 2}
+    compiled = torch.compile(one_query_attention, dynamic=True, options=options)
     y, (code,) = run_and_get_code(compiled, q, k, v)
     torch.testing.assert_close(y, attention(q, k, v))
     assert code.count("#pragma omp for") == 2, code
@@ -309,11 +311,12 @@ def test_a_cache_in_fewer_bytes_keeps_keys_rounded_and_gives_them_back_in_the_mo
     model = model_of(MODELS["gpt2"])
     exact = model.new_cache(1, 24)
     model.cache_dtype = torch.bfloat16
-    rounded = model.new_cache(1, 24)
+    rounded, static = model.new_cache(1, 24), model.new_cache(1, 24, static=True)
     prompt = torch.tensor([PROMPTS[0]])
     with torch.no_grad():
         expected, _ = model(prompt, cache=exact)
         got, _ = model(prompt, cache=rounded)
+        torch.testing.assert_close(model(prompt, cache=static)[0], got)  # a static cache (every slot, masked) too
     assert rounded.k[0].dtype == rounded.v[-1].dtype == torch.bfloat16 and got.dtype == torch.float32
     assert torch.equal(rounded.k[0], exact.k[0].to(torch.bfloat16))  # the first layer's keys, as written
     assert 0 < (got - expected).abs().max() <= 0.05 * expected.abs().max()
@@ -321,6 +324,7 @@ def test_a_cache_in_fewer_bytes_keeps_keys_rounded_and_gives_them_back_in_the_mo
     keys, values = rounded.update(0, exact.k[0][:, :, :1], exact.v[0][:, :, :1])
     assert keys.dtype == values.dtype == torch.float32
     assert torch.equal(keys[:, :, -1:], exact.k[0][:, :, :1].to(torch.bfloat16).float())  # the new key: rounded
+    assert torch.equal(values[:, :, -1:], exact.v[0][:, :, :1].to(torch.bfloat16).float())
 
 
 @pytest.mark.parametrize("precision", PRECISION_BOUNDS)
