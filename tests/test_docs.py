@@ -105,7 +105,7 @@ NOT_RUN = {
     "python -m venv .venv && . .venv/bin/activate": "makes a virtual environment and activates it in the user's shell; the tests run in the environment that started them",
     "pip install torch --index-url https://download.pytorch.org/whl/cpu": "installs packages from the network",
     'pip install -e ".[test]"': "installs packages from the network (.ci/run runs it before the tests)",
-    "python -m pytest": "the test suite itself",
+    "python -m pytest -n auto": "the test suite itself",
     "python -m pytest tests/test_families.py tests/test_hf_gpt2.py -q": "part of the test suite itself",
     "pip install llama-cpp-python": "builds llama.cpp from source (25 minutes or more on 2 cores)",
     "pip download --no-deps --no-binary :all: llama-cpp-python": "downloads a source package from the network",
