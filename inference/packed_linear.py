@@ -53,7 +53,7 @@ INT8_WIDTH_MULTIPLE = 16  # PyTorch 2.13's weight-only int8 CPU product reads in
 # the compiled one-row int8 product sums this many of the weight's rows in each pass of its loop, one from each
 # block of rows (grouped_row_sums): widening int8 weights leaves that loop bound by its arithmetic, and each row's
 # sum is a chain of additions; four chains side by side, sharing the row's loads, took GPT-2 124M's int8 token
-# from 9.08 to 7.85 ms at one thread, 5.43 to 5.18 at two (docs/benchmarks.md); bfloat16 and float32 weights,
+# from 9.08 to 7.85 ms at one thread, 5.43 to 5.17 at two (docs/benchmarks.md); bfloat16 and float32 weights,
 # read at the memory's pace, gained nothing
 INT8_ROW_GROUPS = 4
 
@@ -288,17 +288,21 @@ class Int8Linear(InferenceLinear):
 
 def grouped_row_sums(weight: torch.Tensor, row: torch.Tensor, groups: int) -> torch.Tensor:
     """(weight widened to row's dtype * row).sum(dim=-1), (out_features,), for a graph Inductor compiles:
-    the weight's rows split into `groups` blocks of equal size (and the few rows left, on their own), one sum
-    over each. The blocks' sums read the row at the same places, so Inductor computes them in one loop, a
-    row of each block in each pass, with an accumulator each: `groups` chains of additions side by side
-    where one row's sum is one chain. Every row is summed in the same order as alone: the same result."""
-    size = weight.size(0) // groups
-    if groups == 1 or size == 0:
+    one sum over each of `groups` blocks of the weight's rows, of equal size (the last block ends at the
+    last row, overlapping the one before where the rows do not divide evenly). The blocks' sums read the
+    row at the same places, so Inductor computes them in one loop, a row of each block in each pass, with
+    an accumulator each: `groups` chains of additions side by side where one row's sum is one chain. Each
+    row is summed over its columns in the same order as in one sum over all the rows (where Inductor
+    splits both loops by rows between the threads, as for every layer of GPT-2's sizes): the same result."""
+    rows = weight.size(0)
+    size = -(-rows // groups)
+    if groups == 1 or rows < groups:
         return (weight.to(row.dtype) * row).sum(dim=-1)
-    blocks = [weight[i * size : (i + 1) * size] for i in range(groups)]
-    if weight.size(0) > groups * size:
-        blocks.append(weight[groups * size :])
-    return torch.cat([(block.to(row.dtype) * row).sum(dim=-1) for block in blocks])
+    starts = [min(i * size, rows - size) for i in range(groups)]
+    sums = [(weight[start : start + size].to(row.dtype) * row).sum(dim=-1) for start in starts]
+    # block i gives rows i * size onwards (from further in where it was moved back to end at the last row)
+    parts = [block[i * size - start :] for i, (start, block) in enumerate(zip(starts, sums, strict=True))]
+    return torch.cat([part for i, part in enumerate(parts) if i * size < rows])
 
 
 def _refuse_to_save(module: nn.Module, prefix: str, keep_vars: bool) -> None:

@@ -361,29 +361,36 @@ def test_int8_layer_pads_an_input_width_that_is_not_a_multiple_of_16():
     assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
 
 
-@pytest.mark.parametrize("out_features", [83, 96, 3], ids=["rows-left-over", "whole-blocks", "fewer-than-a-block"])
-def test_compiled_int8_product_sums_four_weight_rows_side_by_side_with_the_same_results(out_features):
-    """Compiled as the step compiles it, one row's int8 product sums INT8_ROW_GROUPS weight rows in each
-    pass of one loop, an accumulator each (where one row's sum is one chain of additions), and every
-    output is the one summed a row at a time, bit for bit, rows left over after the blocks included."""
+@pytest.mark.parametrize(
+    "out_features, in_features",
+    [(83, 48), (96, 48), (257, 1024), (3, 48)],
+    ids=["rows-left-over", "whole-blocks", "one-row-left-wide", "fewer-than-a-block"],
+)
+def test_compiled_int8_product_sums_four_weight_rows_side_by_side_with_the_same_results(out_features, in_features):
+    """Compiled as the step compiles it (for two threads), one row's int8 product sums INT8_ROW_GROUPS weight
+    rows in each pass of one loop, an accumulator each (where one row's sum is one chain of additions),
+    and every output is the one summed a row at a time, bit for bit, the rows that do not divide evenly
+    into blocks included (in a block moved back to end at the last row, not in a loop of their own)."""
     from torch._inductor.utils import run_and_get_code
 
     if precision_unavailable(CPU, torch.float32, "int8") is not None:
         pytest.skip(precision_unavailable(CPU, torch.float32, "int8"))
     torch.manual_seed(0)
-    linear = torch.nn.Linear(48, out_features)
+    linear = torch.nn.Linear(in_features, out_features)
     grouped, alone = Int8Linear(linear), Int8Linear(linear)
     alone.row_groups = 1
     assert grouped.row_groups == INT8_ROW_GROUPS == 4
-    x = torch.randn(1, 48)
+    x = torch.randn(1, in_features)
+    options = {**COMPILE_OPTIONS, "cpp.threads": 2}
     torch._dynamo.reset()
     with torch.no_grad():
-        expected, (code_alone,) = run_and_get_code(torch.compile(alone.product, options=COMPILE_OPTIONS), x)
-        got, (code,) = run_and_get_code(torch.compile(grouped.product, options=COMPILE_OPTIONS), x)
+        expected, (code_alone,) = run_and_get_code(torch.compile(alone.product, options=options), x)
+        got, (code,) = run_and_get_code(torch.compile(grouped.product, options=options), x)
     assert torch.equal(got, expected)
     assert "tmp_acc1_vec" not in code_alone
     side_by_side = out_features >= INT8_ROW_GROUPS
     assert ("tmp_acc3_vec" in code) == side_by_side and "tmp_acc4_vec" not in code, code
+    assert code.count("tmp_acc0_vec = at::vec") == 1, code  # one loop sums every row
 
 
 @pytest.mark.parametrize(
