@@ -12,6 +12,7 @@ from data.corpus import prepare_bundled
 from errors import run_cli
 from model import GPT, GPTConfig
 from trainer.config import Config, build_config, config_to_toml
+from trainer.runtime import usable_cores
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,6 +28,28 @@ def offline_hugging_face(tmp_path_factory):
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf_home")))
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cores_shared_among_workers(request):
+    """Under pytest-xdist (-n) the worker processes share the cores: each worker's torch operators, and
+    the processes its tests start, get the usable cores divided among the workers (at least one
+    thread), where each would take one per core and every operator wait for threads that the other
+    workers' had descheduled (on 2 cores with 2 workers, a fifth to a third of a subset's time). Tests that ask for a
+    count of their own still set it."""
+    workers = getattr(request.config, "workerinput", {}).get("workercount", 1)
+    if workers <= 1:
+        yield
+        return
+    threads = max(1, usable_cores() // workers)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("OMP_NUM_THREADS", str(threads))
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def pytest_collection_modifyitems(config, items):
