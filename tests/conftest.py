@@ -34,9 +34,10 @@ def offline_hugging_face(tmp_path_factory):
 def cores_shared_among_workers(request):
     """Under pytest-xdist (-n) the worker processes share the cores: each worker's torch operators, and
     the processes its tests start, get the usable cores divided among the workers (at least one
-    thread), where each would take one per core and every operator wait for threads that the other
-    workers' had descheduled (on 2 cores with 2 workers, a fifth to a third of a subset's time). Tests that ask for a
-    count of their own still set it."""
+    thread), where each would take one per core, n workers n * n threads, and every operator wait for
+    threads that the other workers' had descheduled. On 2 cores with 2 workers a subset of 248
+    in-process tests took 27.6 s against 38.7 s; the whole suite about as long as before (9 min 24 s
+    against 9 min 8 s). Tests that ask for a count of their own still set it."""
     workers = getattr(request.config, "workerinput", {}).get("workercount", 1)
     if workers <= 1:
         yield

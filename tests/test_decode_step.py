@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from errors import UserError
-from inference import decode_step
+from inference import decode_step, packed_linear
 from inference.decode_step import (
     COMPILE_OPTIONS,
     STREAMED,
@@ -22,6 +22,7 @@ from inference.decode_step import (
 )
 from inference.packed_linear import (
     INT8_ROW_GROUPS,
+    INT8_WIDEN_ROWS,
     InferenceLinear,
     Int8Linear,
     StreamedLinear,
@@ -358,6 +359,31 @@ def test_int8_layer_pads_an_input_width_that_is_not_a_multiple_of_16():
     with torch.no_grad():
         expected = linear(x)
         got = Int8Linear(linear)(x)
+    assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, INT8_WIDEN_ROWS - 1, INT8_WIDEN_ROWS, 37])
+def test_int8_product_of_many_rows_widens_the_weight_to_bfloat16_with_the_same_arithmetic(rows, monkeypatch):
+    """From INT8_WIDEN_ROWS rows up (where oneDNN has bfloat16 products) an int8 layer outside a compiled graph
+    multiplies the same bfloat16-rounded inputs by its int8 weight widened to bfloat16 (exact), a block of
+    weight rows at a time (here 16 of 40, the last block short), and scales each output, where fewer rows take
+    PyTorch's int8 product: each route's own result, and both within the int8 bound of the float32 product, a
+    width padded to a multiple of 16 included."""
+    if precision_unavailable(CPU, torch.float32, "int8") is not None:
+        pytest.skip(precision_unavailable(CPU, torch.float32, "int8"))
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(341, 40)
+    layer = Int8Linear(linear)
+    monkeypatch.setattr(packed_linear, "INT8_WIDEN_BLOCK", 16 * 352)  # 16 rows of the padded weight
+    x = torch.randn(rows, 341)
+    x16 = torch.nn.functional.pad(x.to(torch.bfloat16), (0, layer.padding))
+    with torch.no_grad():
+        expected, got = linear(x), layer(x)
+    if layer.widens and rows >= INT8_WIDEN_ROWS:
+        route = torch.nn.functional.linear(x16, layer.weight_int8.to(torch.bfloat16)).float() * layer.scale.float()
+    else:
+        route = torch.ops.aten._weight_int8pack_mm(x16, layer.weight_int8, layer.scale).float()
+    torch.testing.assert_close(got, route + linear.bias.detach(), rtol=0, atol=0)
     assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
 
 
