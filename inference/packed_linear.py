@@ -16,7 +16,8 @@ model for one of these, each holding its weight in the form its product reads:
     float16   Float16Linear: the weight in float16, packed by fbgemm, whose product takes and gives float32
               (made for few rows)
     int8      Int8Linear: each output row of the weight as int8 times one scale (symmetric, to nearest);
-              PyTorch's weight-only int8 product reads bfloat16 inputs and gives bfloat16 outputs
+              PyTorch's weight-only int8 product reads bfloat16 inputs and gives bfloat16 outputs (from
+              INT8_WIDEN_ROWS rows, oneDNN's bfloat16 product on the weight widened to bfloat16)
 
 Everything outside the products (norms, attention, the KV cache, the residual stream) keeps the
 model's dtype. The model's code and forward pass stay as they are. The result is for inference only:
@@ -57,13 +58,14 @@ INT8_WIDTH_MULTIPLE = 16  # PyTorch 2.13's weight-only int8 CPU product reads in
 # read at the memory's pace, gained nothing
 INT8_ROW_GROUPS = 4
 # from this many rows up (a prompt, a batch), an int8 product outside a compiled graph widens the int8 weight to
-# bfloat16 and takes oneDNN's bfloat16 product, where the CPU has bfloat16 instructions: PyTorch's int8 product
-# widens each weight to float32 again for every few rows and is bound by that arithmetic. GPT-2 124M's 16-token
-# prompt, two threads: 26.7 against 32.6 ms; 128 tokens 87.8 against 175.9 (docs/benchmarks.md). One layer
-# alone: at 8 rows widening took 0.40 against 0.29 ms (768 x 3072), at 16 rows 0.50 against 0.55
+# bfloat16 and takes oneDNN's bfloat16 product, where the CPU has bfloat16 instructions (bfloat16_instructions):
+# PyTorch's int8 product widens each weight to float32 again for every few rows and is bound by that arithmetic.
+# GPT-2 124M's 16-token prompt, two threads: 26.7 against 32.6 ms; 128 tokens 87.8 against 175.9. One 768 x 3072
+# layer, in the cache: 8 rows 0.37 against 0.28 ms, 16 rows 0.49 against 0.51; all 48 block layers at 8 rows once
+# ahead and once behind: 16, where every measurement agreed (docs/benchmarks.md)
 INT8_WIDEN_ROWS = 16
 # the weights widened at a time, in blocks of whole rows (8 MB of bfloat16): GPT-2's output layer at 16 rows took
-# 7.6 ms so against the int8 product's 16.0, and 32.0 widened whole (77 MB written to fresh memory at each call);
+# 7.6 ms against the int8 product's 16.0, and 32.0 widened whole (77 MB written to fresh memory at each call);
 # blocks of 2M or 8M weights 8.3 and 8.8
 INT8_WIDEN_BLOCK = 2**22
 
@@ -268,10 +270,12 @@ class Int8Linear(InferenceLinear):
     """Weight-only int8: output row n of the weight is q[n] * scale[n], q int8 in -127..127 and the
     scale max|w[n]| / 127 in bfloat16, so the largest weight of each row is exact up to the scale's
     rounding. The product is PyTorch's own (_weight_int8pack_mm) on inputs rounded to bfloat16 (on
-    float32 inputs it has no fast path); from INT8_WIDEN_ROWS rows up, where oneDNN has bfloat16
-    products, the weight widened to bfloat16 (exactly: every int8 value is a bfloat16 number) a block
-    at a time times the same rounded inputs, each output then scaled: the same arithmetic, faster for
-    more rows. The bias is added in the inputs' dtype. Its inputs must be a multiple of
+    float32 inputs it has no fast path); from INT8_WIDEN_ROWS rows up, where the CPU has bfloat16
+    instructions, oneDNN's bfloat16 product of the same rounded inputs and the weight widened to
+    bfloat16 (exactly: every int8 value is a bfloat16 number) a block at a time, each output then
+    scaled: faster for more rows, within the same bound (the int8 product rounds each scaled sum to
+    bfloat16, this one the sum before its scale, so outputs differ in their last bits from 16 rows
+    on). The bias is added in the inputs' dtype. Its inputs must be a multiple of
     INT8_WIDTH_MULTIPLE wide: a narrower layer's weight gets zero columns, and its inputs zeros, to
     that width (the same sums). Inside a compiled graph one row's product is streamed as
     StreamedLinear's is, the int8 weight widened to the row's dtype and the scale applied to each sum,
@@ -288,7 +292,7 @@ class Int8Linear(InferenceLinear):
         self.register_buffer("scale", scale)
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float())
         self.row_groups = INT8_ROW_GROUPS
-        self.widens = torch.ops.mkldnn._is_mkldnn_bf16_supported()  # INT8_WIDEN_ROWS rows and more
+        self.widens = bfloat16_instructions()  # INT8_WIDEN_ROWS rows and more
 
     def product(self, x: torch.Tensor) -> torch.Tensor:
         if _one_row_compiled(x):  # streamed, as StreamedLinear's one row
@@ -297,18 +301,25 @@ class Int8Linear(InferenceLinear):
             return y if self.bias is None else y + self.bias
         x16 = F.pad(x.to(torch.bfloat16), (0, self.padding)) if self.padding else x.to(torch.bfloat16)
         if self.widens and x.size(0) >= INT8_WIDEN_ROWS:
-            y = self.widened_product(x16).to(x.dtype) * self.scale.to(x.dtype)
+            y = self.widened_product(x16, x.dtype).mul_(self.scale.to(x.dtype))
         else:
             y = torch.ops.aten._weight_int8pack_mm(x16, self.weight_int8, self.scale).to(x.dtype)
         return y if self.bias is None else y.add_(self.bias)
 
-    def widened_product(self, x16: torch.Tensor) -> torch.Tensor:
+    def widened_product(self, x16: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """oneDNN's bfloat16 product of x16 (rows, padded in_features) and the int8 weight widened to bfloat16
-        (exactly), INT8_WIDEN_BLOCK weights at a time; (rows, out_features) in bfloat16, unscaled."""
+        (exactly), INT8_WIDEN_BLOCK weights at a time; (rows, out_features) in dtype, unscaled."""
         block = max(1, INT8_WIDEN_BLOCK // self.weight_int8.size(1))  # rows of the weight
-        rows = range(0, self.out_features, block)
-        parts = [F.linear(x16, self.weight_int8[start : start + block].to(torch.bfloat16)) for start in rows]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+        y = torch.empty(x16.size(0), self.out_features, dtype=dtype)
+        for start in range(0, self.out_features, block):
+            y[:, start : start + block] = F.linear(x16, self.weight_int8[start : start + block].to(torch.bfloat16))
+        return y
+
+
+def bfloat16_instructions() -> bool:
+    """Whether this CPU multiplies bfloat16 numbers in its own instructions (AVX-512 BF16 or AMX), where oneDNN's
+    bfloat16 products run at speed; elsewhere oneDNN emulates them."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
 
 
 def grouped_row_sums(weight: torch.Tensor, row: torch.Tensor, groups: int) -> torch.Tensor:

@@ -34,10 +34,13 @@ def offline_hugging_face(tmp_path_factory):
 def cores_shared_among_workers(request):
     """Under pytest-xdist (-n) the worker processes share the cores: each worker's torch operators, and
     the processes its tests start, get the usable cores divided among the workers (at least one
-    thread), where each would take one per core, n workers n * n threads, and every operator wait for
-    threads that the other workers' had descheduled. On 2 cores with 2 workers a subset of 248
-    in-process tests took 27.6 s against 38.7 s; the whole suite about as long as before (9 min 24 s
-    against 9 min 8 s). Tests that ask for a count of their own still set it."""
+    thread), where each would take one per core (n workers on c cores, n * c threads) and every
+    operator wait for threads that the other workers had descheduled. On 2 cores with 2 workers a
+    subset of 248 in-process tests took 27.6 s against 38.7 s, but the whole suite about as long as
+    with a thread per core (9 min 24 s against 9 min 8 s); the share matters where cores are many.
+    Tests that ask for a count of their own still set it. The processes a test starts inherit
+    OMP_NUM_THREADS: in them torch's default, and with it train.threads = 0's choice and the
+    benches' default --threads, is that share, not one per core."""
     workers = getattr(request.config, "workerinput", {}).get("workercount", 1)
     if workers <= 1:
         yield

@@ -26,6 +26,7 @@ from inference.packed_linear import (
     InferenceLinear,
     Int8Linear,
     StreamedLinear,
+    bfloat16_instructions,
     pack_linears,
     packing_unavailable,
     precision_unavailable,
@@ -362,24 +363,29 @@ def test_int8_layer_pads_an_input_width_that_is_not_a_multiple_of_16():
     assert (got - expected).abs().max() <= 2e-2 * expected.abs().max()
 
 
+@pytest.mark.parametrize("widens", [True, False], ids=["bfloat16-instructions", "none"])
 @pytest.mark.parametrize("rows", [1, INT8_WIDEN_ROWS - 1, INT8_WIDEN_ROWS, 37])
-def test_int8_product_of_many_rows_widens_the_weight_to_bfloat16_with_the_same_arithmetic(rows, monkeypatch):
-    """From INT8_WIDEN_ROWS rows up (where oneDNN has bfloat16 products) an int8 layer outside a compiled graph
+def test_int8_product_of_many_rows_widens_the_weight_to_bfloat16_where_the_cpu_has_its_instructions(
+    rows, widens, monkeypatch
+):
+    """From INT8_WIDEN_ROWS rows up, on a CPU with bfloat16 instructions, an int8 layer outside a compiled graph
     multiplies the same bfloat16-rounded inputs by its int8 weight widened to bfloat16 (exact), a block of
-    weight rows at a time (here 16 of 40, the last block short), and scales each output, where fewer rows take
-    PyTorch's int8 product: each route's own result, and both within the int8 bound of the float32 product, a
-    width padded to a multiple of 16 included."""
+    weight rows at a time (here 16 of 40, the last block short), and scales each output; fewer rows, and every
+    row elsewhere, take PyTorch's int8 product: each route's own result, bit for bit, and both within the int8
+    bound of the float32 product, a width padded to a multiple of 16 included."""
     if precision_unavailable(CPU, torch.float32, "int8") is not None:
         pytest.skip(precision_unavailable(CPU, torch.float32, "int8"))
     torch.manual_seed(0)
     linear = torch.nn.Linear(341, 40)
     layer = Int8Linear(linear)
+    assert layer.widens == bfloat16_instructions()
+    layer.widens = widens  # the bfloat16 product runs on any CPU, emulated where it has no such instructions
     monkeypatch.setattr(packed_linear, "INT8_WIDEN_BLOCK", 16 * 352)  # 16 rows of the padded weight
     x = torch.randn(rows, 341)
     x16 = torch.nn.functional.pad(x.to(torch.bfloat16), (0, layer.padding))
     with torch.no_grad():
         expected, got = linear(x), layer(x)
-    if layer.widens and rows >= INT8_WIDEN_ROWS:
+    if widens and rows >= INT8_WIDEN_ROWS:
         route = torch.nn.functional.linear(x16, layer.weight_int8.to(torch.bfloat16)).float() * layer.scale.float()
     else:
         route = torch.ops.aten._weight_int8pack_mm(x16, layer.weight_int8, layer.scale).float()
