@@ -167,9 +167,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the one-token step, with CUDA graphs on a GPU: a slow start, then faster tokens "
-        "(on an x86-64 CPU, the decoding step's own loops over the weights in --precision: fastest for one sample at "
-        "a time)",
+        help="compile the one-token step, with torch.compile and CUDA graphs on a GPU: a slow start, then faster "
+        "tokens (on an x86-64 CPU, the decoding step's own loops over the weights in --precision, compiled ahead of "
+        "time: fastest for one sample at a time)",
     )
     args = parser.parse_args()
     if "" in args.stop:

@@ -24,6 +24,13 @@ token ms"), and the table splits the whole into it and the tokens after it ("tok
 first": the one-token steps alone, as llama.cpp's llama-bench reports generation apart from the
 prompt), with their own ratio to llama.cpp.
 
+The machine's memory reads faster or slower from minute to minute (here: a sum at 26 to 60 GB/s),
+which moves whole rounds apart. --alternate also times each of our rows that has a llama.cpp
+counterpart token by token against it: --repeats rounds in which the two decode the same prompts
+side by side, one step of ours, then one of llama.cpp's (the order swapped at every token and every
+round), so both meet the memory in the same state. The second table gives each side's median ms a
+step after the first token and the first token's, and their ratio.
+
 Our rows (docs/sampling.md): the decoding step of inference/decode_step.py on products in each of
 --precisions, as sample.py decodes on a CPU; the model's own step on the same float32 products (the
 sampler before that step), on nn.Linear, compiled as sample.py --compile compiles it (on a CPU, for
@@ -42,6 +49,7 @@ import argparse
 import copy
 import ctypes
 import importlib.util
+import itertools
 import os
 import platform
 import statistics
@@ -89,7 +97,12 @@ def parse_args() -> argparse.Namespace:
         choices=GGUF_TYPES,
         help="llama.cpp's rows, where llama_cpp is importable (none: no llama.cpp rows)",
     )
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile rows")
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled rows")
+    parser.add_argument(
+        "--alternate",
+        action="store_true",
+        help="also time our rows and their llama.cpp counterparts token by token, alternating (second table)",
+    )
     parser.add_argument(
         "--step-rows-only",
         action="store_true",
@@ -122,6 +135,7 @@ class Row:
     seconds: list[float] = field(default_factory=list)
     cpu_seconds: list[float] = field(default_factory=list)
     first_token_seconds: list[float] = field(default_factory=list)  # each round's wait for its first new token
+    steps: object = None  # steps() -> an iterator over the new tokens, a step each (the first: the prompt's too)
 
 
 def build_models(small: bool, device: torch.device, dtype: torch.dtype) -> tuple[GPT, torch.nn.Module]:
@@ -158,9 +172,13 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     """Every row for one batch of prompts."""
     new_tokens, device, batch = args.new_tokens, prompt.device, prompt.size(0)
 
+    def ours_steps(model: GPT, step=None, use_cache: bool = True, compile: bool = False):
+        options = dict(temperature=0, use_cache=use_cache, compile=compile, step=step)
+        return lambda: generate(model, prompt, new_tokens, **options)
+
     def ours_run(model: GPT, step=None, use_cache: bool = True, compile: bool = False):
         def run(first_token):
-            steps = generate(model, prompt, new_tokens, temperature=0, use_cache=use_cache, compile=compile, step=step)
+            steps = ours_steps(model, step, use_cache, compile)()
             tokens = [next(steps)]  # on the host: a step's one wait for the device
             first_token()
             return torch.stack(tokens + list(steps), dim=1).tolist()
@@ -180,15 +198,17 @@ def rows_for(ours: GPT, reference, llama: dict, prompt: torch.Tensor, args: argp
     models = our_models(ours, device, args.precisions, batch)
     for precision, (model, step, products) in models.items():
         name = "ours, decoding step" if step is not None else "ours, model's step"
-        rows.append(Row(name, products, ours_run(model, step), COUNTERPARTS.get(precision)))
+        counterpart = COUNTERPARTS.get(precision)
+        rows.append(Row(name, products, ours_run(model, step), counterpart, steps=ours_steps(model, step)))
     # sample.py --compile: on a CPU the compiled decoding step in each precision, elsewhere the model's step
     for precision in models if not args.no_compile else ():
         compiled = copy.deepcopy(ours)
         chosen = "auto" if precision == "float32" else precision  # auto: the model's dtype, on every device
         decoding = prepare_decoding(compiled, device, chosen, batch, compile=True)
         if decoding.description == STREAMED.get(precision):
-            run = ours_run(compiled, decoding.step)
-            rows.append(Row("ours, compiled decoding step", f"{precision} streamed", run, COUNTERPARTS[precision]))
+            run, steps = ours_run(compiled, decoding.step), ours_steps(compiled, decoding.step)
+            products = f"{precision} streamed"
+            rows.append(Row("ours, compiled decoding step", products, run, COUNTERPARTS[precision], steps=steps))
         elif decoding.step is None and precision == "float32" and not args.step_rows_only:
             rows.append(Row("ours, compiled step", "nn.Linear", ours_run(ours, compile=True)))
     if args.step_rows_only:
@@ -218,6 +238,7 @@ def llama_rows(llama: dict, prompt: torch.Tensor, new_tokens: int) -> list[Row]:
             "llama.cpp",
             file_type,
             lambda first_token, greedy=greedy: greedy.generate(prompt.tolist(), new_tokens, first_token),
+            steps=lambda greedy=greedy: greedy.steps(prompt.tolist(), new_tokens),
         )
         for file_type, greedy in llama.items()
     ]
@@ -268,20 +289,24 @@ class LlamaGreedy:
             raise RuntimeError("llama_decode failed")
 
     def generate(self, prompts: list[list[int]], new_tokens: int, first_token=lambda: None) -> list[list[int]]:
+        steps = self.steps(prompts, new_tokens)
+        tokens = [next(steps)]
+        first_token()
+        return [list(row) for row in zip(*tokens, *steps, strict=True)]
+
+    def steps(self, prompts: list[list[int]], new_tokens: int):
+        """Yield each step's tokens, one per row: the first after the prompts' decode, then one decode each."""
         import numpy as np
 
         self.lc.llama_memory_clear(self.lc.llama_get_memory(self.context), True)
         self.decode([(t, p, s, p == len(ids) - 1) for s, ids in enumerate(prompts) for p, t in enumerate(ids)])
-        rows, width = [[] for _ in prompts], len(prompts[0])
+        width = len(prompts[0])
         for step in range(new_tokens):
             logits = np.ctypeslib.as_array(self.lc.llama_get_logits(self.context), (len(prompts), self.vocab_size))
-            for row, token in zip(rows, logits.argmax(axis=1).tolist(), strict=True):
-                row.append(token)
-            if step == 0:
-                first_token()
+            tokens = logits.argmax(axis=1).tolist()
+            yield tokens
             if step < new_tokens - 1:
-                self.decode([(row[-1], width + step, s, True) for s, row in enumerate(rows)])
-        return rows
+                self.decode([(token, width + step, s, True) for s, token in enumerate(tokens)])
 
     def close(self) -> None:
         self.lc.llama_batch_free(self.batch)
@@ -378,7 +403,7 @@ def main() -> None:
         f"prompt {args.prompt_len} tokens, {args.new_tokens} new tokens, load average {os.getloadavg()[0]:.1f}",
         file=sys.stderr,
     )
-    table = []
+    table, alternated = [], []
     with tempfile.TemporaryDirectory() as folder:
         for batch_size in args.batch_sizes:
             prompt = torch.randint(0, 50257, (batch_size, args.prompt_len), generator=torch.Generator().manual_seed(1))
@@ -393,10 +418,14 @@ def main() -> None:
                     write_json(args.json, dict(new_tokens=args.new_tokens, rows=rows_json, complete=False))
 
             time_rows(rows, device, args.repeats, round_done=save)
+            if args.alternate:
+                alternated += [(batch_size, *pair) for pair in alternate(rows, args.repeats)]
             for greedy in llama.values():
                 greedy.close()
             table += [(batch_size, row) for row in rows]
     print_table(table, args.new_tokens)
+    if alternated:
+        print_alternated(alternated)
     print(f"load average at the end: {os.getloadavg()[0]:.1f}", file=sys.stderr)
     tables = sum(p.nbytes for p in ours.transformer.wpe.parameters())  # the position table
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.parameters()) - tables
@@ -410,6 +439,48 @@ def main() -> None:
         estimate = dict(weight_bytes=weight_bytes, read_bytes_per_sec=bandwidth, bound_tokens_per_sec=1000 / bound_ms)
         rows_json = json_rows(table, args.new_tokens)
         write_json(args.json, dict(new_tokens=args.new_tokens, rows=rows_json, complete=True) | estimate)
+
+
+def alternate(rows: list[Row], repeats: int) -> list[tuple[Row, Row, dict]]:
+    """Each of our rows with a llama.cpp counterpart among rows, timed step by step against it: `repeats`
+    rounds in which the two decode side by side, a step of one then a step of the other, the order
+    swapped at every step and every round. Returns (ours, theirs, seconds) with seconds' "first" (the
+    first steps, the prompt's included) and "after" (every later step) for "ours" and "theirs"."""
+    pairs = []
+    for row in rows:
+        theirs = next((r for r in rows if r.implementation == "llama.cpp" and r.products == row.counterpart), None)
+        if row.steps is None or theirs is None or row is theirs:
+            continue
+        seconds = {(side, part): [] for side in ("ours", "theirs") for part in ("first", "after")}
+        for round_ in range(repeats):
+            steps = {"ours": row.steps(), "theirs": theirs.steps()}
+            for index in itertools.count():
+                order = ("ours", "theirs") if (index + round_) % 2 == 0 else ("theirs", "ours")
+                try:
+                    for side in order:
+                        start = time.perf_counter()
+                        next(steps[side])
+                        seconds[side, "first" if index == 0 else "after"].append(time.perf_counter() - start)
+                except StopIteration:
+                    break
+        pairs.append((row, theirs, seconds))
+        print(f"  {row.implementation}, {row.products}: alternated with llama.cpp {theirs.products}", file=sys.stderr)
+    return pairs
+
+
+def print_alternated(alternated: list[tuple[int, Row, Row, dict]]) -> None:
+    print("\nToken by token, alternating with llama.cpp (medians over every round's steps):\n")
+    columns = ["ours", "batch", "llama.cpp", "ms a step after the first, ours", "llama.cpp's", "ours vs llama.cpp"]
+    columns += ["first token ms, ours", "llama.cpp's"]
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
+    for batch, row, theirs, seconds in alternated:
+        ms = {key: 1000 * statistics.median(values) for key, values in seconds.items()}
+        print(
+            f"| {row.implementation}, {row.products} | {batch} | {theirs.products} | {ms['ours', 'after']:.2f} | "
+            f"{ms['theirs', 'after']:.2f} | {ms['theirs', 'after'] / ms['ours', 'after']:.2f}x | "
+            f"{ms['ours', 'first']:.1f} | {ms['theirs', 'first']:.1f} |"
+        )
 
 
 def tokens_per_sec(batch: int, new_tokens: int, seconds: list[float]) -> list[float]:

@@ -22,12 +22,23 @@ chosen precision, float32 as they are (StreamedLinear; int8 in Int8Linear's form
 is written as a multiplication and a sum, and attention over the cache as products of one query row
 (`one_query_attention`); Inductor compiles both into loops that read each weight and each cached key
 once, widening a weight stored in fewer bytes to float32 as it reads it. At batch 1 that is faster
-than the packed products (docs/benchmarks.md), after a compilation of some seconds.
+than the packed products (docs/benchmarks.md), after a compilation of some seconds. The step is
+compiled ahead of time (torch.export, then AOTInductor: `CompiledSteps`), so that a token costs one call
+into compiled C++ and little else: through torch.compile each token also paid its guards, its
+wrappers and 180 buffers allocated from Python: 0.47 to 0.59 ms more a token for GPT-2 124M, whose
+tokens take 4.4 to 17 ms (docs/benchmarks.md).
 """
 
+import copy
+import hashlib
 import math
-import types
+import os
+import platform
+import tempfile
+import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -39,7 +50,7 @@ from model.kv_cache import KVCache
 NOT_PACKED = "nn.Linear layers (it calls packed products)"  # step_unsupported's answer for unpacked layers
 PRECISION_CHOICES = ("auto", *PRECISIONS)  # --precision's values; auto: the products in the model's dtype
 # how the compiled step decodes, by the weights' precision, for the start-up line
-_COMPILED = "streamed by compiled one-token steps (inference/decode_step.py; compiled at the first)"
+_COMPILED = "streamed by one-token steps compiled ahead of time (inference/decode_step.py; at the first call)"
 STREAMED = {
     "float32": f"float32 weights {_COMPILED}",
     "bfloat16": f"bfloat16 weights and KV cache (float32 sums) {_COMPILED}",
@@ -51,12 +62,10 @@ STREAMED = {
 # overflow past 65,504
 REDUCED_CACHE = torch.bfloat16
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
-# each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step); and no
-# check of each input's sizes and strides at every call (some 220 for GPT-2 124M, 0.1 ms a token). The
-# tokens, cache and padding stay checked by the guards; most of the checks dropped were the model's
-# tensors', which the guards skip (DecodeStep): a model tensor replaced after the first call is read
-# with the first call's sizes, unchecked
-COMPILE_OPTIONS = {"realize_opcount_threshold": 1, "size_asserts": False}
+# each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step); the
+# model's tensors are not written into the compiled library (AOTInductor's default on a CPU): the
+# program reads the model's own, in their huge pages (CompiledSteps), and compiles without copying them
+COMPILE_OPTIONS = {"realize_opcount_threshold": 1, "aot_inductor.package_constants_in_so": False}
 
 
 def step_unsupported(model: GPT) -> str | None:
@@ -115,11 +124,11 @@ class DecodeStep:
     for it: step(idx (B, 1), cache=, pad=, prefix=) -> (logits (B, 1, vocab_size), None). The model's
     linear layers must be packed (inference/packed_linear.py), and step_unsupported(model) None.
     attend: the attention of the new tokens' queries over the cache (`attention`'s arguments).
-    compile: torch.compile the step's arithmetic (everything after the cache's bookkeeping on the
-    host), with COMPILE_OPTIONS, for every cache length and batch size at once (dynamic shapes). A
-    compiled step's guards do not check its model: it computes the model as it was at the first call
-    (a model prepared for decoding is frozen), and changes made to it later go unseen: a tensor of it
-    replaced by one of another shape is read as the first, unchecked (COMPILE_OPTIONS)."""
+    compile: compile the step's arithmetic (everything after the cache's bookkeeping on the host)
+    ahead of time, with COMPILE_OPTIONS (CompiledSteps): once for each batch size, one program for
+    every cache length. A compiled step computes the model as it was when compiled (a model prepared
+    for decoding is frozen): it reads the model's tensors where they lay then, and a tensor of the
+    model replaced later goes unseen."""
 
     def __init__(self, model: GPT, attend=attention, compile: bool = False):
         reason = step_unsupported(model)
@@ -129,14 +138,7 @@ class DecodeStep:
         self.attend = attend
         self.mlp = model.config.mlp
         self.hidden = model.config.mlp_hidden
-        if compile:
-            # torch.compile keeps a function's graphs, and the guards that choose one at each call, with
-            # its code object: with one of its own, this step's graphs serve its model alone, so the
-            # guards need not check that model (frozen for inference) again at every token: for GPT-2
-            # 124M some 1,700 checks, 0.3 ms of a 6 ms token in bfloat16 (docs/benchmarks.md)
-            own = types.FunctionType(DecodeStep.one_token.__code__.replace(), globals(), "one_token")
-            options = {**COMPILE_OPTIONS, "guard_filter_fn": _outside_the_model}
-            self.one_token = torch.compile(types.MethodType(own, self), dynamic=True, options=options)
+        self.compiled = CompiledSteps(self) if compile else None
 
     @torch.no_grad()
     def __call__(
@@ -151,6 +153,8 @@ class DecodeStep:
         earlier key)."""
         assert idx.size(1) == 1 and not cache.static, "one token per row over a dynamic cache"
         cache.claim(1)
+        if self.compiled is not None:
+            return self.compiled(idx, cache, pad), None
         return self.one_token(idx, cache, pad)
 
     def one_token(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None) -> tuple[torch.Tensor, None]:
@@ -188,11 +192,111 @@ class DecodeStep:
         return mlp.c_proj.product_add(hidden, x)
 
 
-def _outside_the_model(guards: list) -> list[bool]:
-    """torch.compile's guard filter for a DecodeStep of its own code: keep the guards on the step's
-    inputs (the tokens, the cache, the padding) and drop those on its model."""
-    model = ("self.model.", "self.model[")
-    return [guard.name != "self.model" and not guard.name.startswith(model) for guard in guards]
+class CompiledSteps:
+    """A DecodeStep's arithmetic compiled ahead of time: at the first call for a batch size (and with or
+    without padding) `DecodeStep.one_token` is exported (torch.export, the cache's length and its
+    slots left free) and compiled by AOTInductor with COMPILE_OPTIONS into a library whose one call
+    runs the step: no guards, no Python between the graph's operations, its buffers allocated in C++.
+    The library reads the model's tensors where they lie (user-managed constants: no copy), and writes
+    each new key and value into the cache it is given. Called as step.one_token once the slot is
+    claimed: (idx (B, 1), cache, pad) -> logits (B, 1, vocab_size)."""
+
+    def __init__(self, step: DecodeStep):
+        self.step = step
+        self.programs = {}  # (batch size, whether padded, cache dtype) -> the compiled step
+
+    def __call__(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None) -> torch.Tensor:
+        if not 2 <= cache.pos <= cache.k[0].size(2) <= self.step.model.config.block_size:
+            return self.step.one_token(idx, cache, pad)[0]  # sizes the programs are not compiled for (nor checked)
+        key = (idx.size(0), pad is None, cache.k[0].dtype)
+        program = self.programs.get(key)
+        if program is None:
+            program = self.programs[key] = self.compile(idx, cache, pad)
+        # the cache's length is passed as the length of a tensor: the programs' one free size besides the slots
+        return program(idx, torch.empty(cache.pos, dtype=torch.uint8), pad, cache.k, cache.v)
+
+    def compile(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None):
+        model = self.step.model
+        module = _OneToken(self.step, cache)
+        most = model.config.block_size  # the longest cache a model's generate makes
+        length, slots = torch.export.Dim("kv_len", min=2, max=most), torch.export.Dim("slots", min=2, max=most)
+        per_layer = [{2: slots}] * len(cache.k)
+        inputs = (idx, torch.empty(cache.pos, dtype=torch.uint8), pad, cache.k, cache.v)
+        with torch.no_grad(), _plain_tensors_as_buffers(model):
+            program = torch.export.export(
+                module, inputs, dynamic_shapes=(None, {0: length}, None, per_layer, per_layer), strict=False
+            )
+            tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        compiled = torch._inductor.aoti_load_package(str(compiled_package(program)))
+        compiled.load_constants(
+            {name: tensors[name] for name in compiled.get_constant_fqns()}, check_full_update=True, user_managed=True
+        )
+        return compiled
+
+
+@contextmanager
+def _plain_tensors_as_buffers(model: torch.nn.Module):
+    """The model's tensors held as plain attributes (the rotation's frequencies: no checkpoint holds them,
+    and casting the model leaves them be) made buffers of their modules while it lasts: an export reads
+    them as the model's tensors, which the compiled step is then given by name, where as plain attributes
+    they would be constants of the program's own, which AOTInductor names anew."""
+    plain = [
+        (module, name)
+        for module in model.modules()
+        for name, value in vars(module).items()
+        if isinstance(value, torch.Tensor)
+    ]
+    for module, name in plain:
+        module.register_buffer(name, module.__dict__.pop(name), persistent=False)
+    try:
+        yield
+    finally:
+        for module, name in plain:
+            setattr(module, name, module._buffers.pop(name))
+            module._non_persistent_buffers_set.discard(name)
+
+
+def compiled_package(program: torch.export.ExportedProgram) -> Path:
+    """The file of `program` compiled by AOTInductor (COMPILE_OPTIONS), kept in Inductor's cache folder
+    under a name made of everything the compiled library depends on: the program as it prints (its
+    operations, shapes, dtypes and the ranges of its free sizes), the options, torch's version, the
+    threads its loops are compiled for and the CPU's vector instructions. A later run that exports the
+    same program loads it there instead of compiling it again (GPT-2 124M: 3 s against 30). The file
+    holds no weights (COMPILE_OPTIONS): a few MB."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    made_of = [str(program), repr(sorted(COMPILE_OPTIONS.items())), torch.__version__]
+    made_of += [f"{torch.get_num_threads()} threads", platform.machine(), str(pick_vec_isa())]
+    folder = Path(cache_dir()) / "decode_steps"
+    path = folder / f"{hashlib.sha256(chr(10).join(made_of).encode()).hexdigest()[:40]}.pt2"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as scratch, warnings.catch_warnings():
+            # torch 2.13 warns of its own deprecated call as it copies the graph: nothing a user can act on
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+            made = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(Path(scratch) / "step.pt2"), inductor_configs=dict(COMPILE_OPTIONS)
+            )
+            os.replace(made, path)  # written whole, then moved into place
+    return path
+
+
+class _OneToken(torch.nn.Module):
+    """DecodeStep.one_token as a module of tensors alone, for torch.export: the cache's keys and values
+    as lists, its length as the length of a tensor."""
+
+    def __init__(self, step: DecodeStep, cache: KVCache):
+        super().__init__()
+        self.model = step.model
+        self.step = step
+        self.cache = copy.copy(cache)  # its bookkeeping: the keys and values come as inputs
+        self.cache.k = self.cache.v = []
+
+    def forward(self, idx, length, pad, keys, values):
+        cache = copy.copy(self.cache)
+        cache.k, cache.v, cache.pos = list(keys), list(values), length.size(0)
+        return self.step.one_token(idx, cache, pad)[0]
 
 
 @dataclass(frozen=True)
@@ -228,8 +332,9 @@ def prepare_decoding(
     """Make model, loaded and moved to device, ready to decode: on an x86-64 CPU its linear layers
     packed for products in `precision` (PRECISION_CHOICES; auto: in the model's dtype) with their
     weights laid out for batch_size rows, and the DecodeStep where it computes the model. The model is
-    changed in place and frozen. compile: torch.compile makes the step: on an x86-64 CPU, for a float32
-    model the DecodeStep computes and one row (batch_size 1 or None), the step over layers streaming
+    changed in place and frozen. compile: a compiled step: on an x86-64 CPU, for a float32
+    model the DecodeStep computes and one row (batch_size 1 or None), the step compiled ahead of time
+    (CompiledSteps) over layers streaming
     their weights in `precision` (stream_linears; module docstring) and, in a precision other than
     float32, the model's KV caches in REDUCED_CACHE (for more rows the eager step over packed layers,
     faster there, says so); elsewhere the model's own, which generate compiles, on
