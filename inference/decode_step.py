@@ -63,8 +63,8 @@ STREAMED = {
 REDUCED_CACHE = torch.bfloat16
 # Inductor's options for the compiled step: a layer norm's output is computed once, not again inside
 # each of the weight rows' sums that read it (docs/benchmarks.md: 17.9 against 14.9 ms a step); the
-# model's tensors are not written into the compiled library (AOTInductor's default on a CPU): the
-# program reads the model's own, in their huge pages (CompiledSteps), and compiles without copying them
+# model's tensors are not written into the compiled library: it reads the model's own, in their huge
+# pages (CompiledSteps), and compiles without copying them
 COMPILE_OPTIONS = {"realize_opcount_threshold": 1, "aot_inductor.package_constants_in_so": False}
 
 
@@ -127,8 +127,8 @@ class DecodeStep:
     compile: compile the step's arithmetic (everything after the cache's bookkeeping on the host)
     ahead of time, with COMPILE_OPTIONS (CompiledSteps): once for each batch size, one program for
     every cache length. A compiled step computes the model as it was when compiled (a model prepared
-    for decoding is frozen): it reads the model's tensors where they lay then, and a tensor of the
-    model replaced later goes unseen."""
+    for decoding is frozen): it reads the model's tensors where they lay then, so a tensor changed in
+    place is read as changed, and one replaced later goes unseen."""
 
     def __init__(self, model: GPT, attend=attention, compile: bool = False):
         reason = step_unsupported(model)
@@ -193,29 +193,38 @@ class DecodeStep:
 
 
 class CompiledSteps:
-    """A DecodeStep's arithmetic compiled ahead of time: at the first call for a batch size (and with or
-    without padding) `DecodeStep.one_token` is exported (torch.export, the cache's length and its
-    slots left free) and compiled by AOTInductor with COMPILE_OPTIONS into a library whose one call
-    runs the step: no guards, no Python between the graph's operations, its buffers allocated in C++.
-    The library reads the model's tensors where they lie (user-managed constants: no copy), and writes
-    each new key and value into the cache it is given. Called as step.one_token once the slot is
-    claimed: (idx (B, 1), cache, pad) -> logits (B, 1, vocab_size)."""
+    """A DecodeStep's arithmetic compiled ahead of time: at the first call for a batch size (and dtypes
+    of the tokens, padding and cache, and a thread count) `DecodeStep.one_token` is exported
+    (torch.export, the cache's length and its slots left free) and compiled by AOTInductor with
+    COMPILE_OPTIONS into a library whose one call runs the step: no guards, no Python between the
+    graph's operations, its buffers allocated in C++, its loops on the threads it was compiled for.
+    The library checks none of its inputs: the key it is kept under, and the sizes checked at each
+    call, are what chooses it. It reads the model's tensors where they lie (user-managed constants: no
+    copy), and writes each new key and value into the cache it is given. Called as step.one_token once
+    the slot is claimed: (idx (B, 1), cache, pad) -> logits (B, 1, vocab_size). A step over an empty
+    cache (a length of 1, which generate never asks for) is computed eagerly."""
 
     def __init__(self, step: DecodeStep):
         self.step = step
-        self.programs = {}  # (batch size, whether padded, cache dtype) -> the compiled step
+        # (rows, the dtypes of the tokens, padding and cache, threads) -> (the library, the model's tensors it reads)
+        self.programs = {}
 
     def __call__(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None) -> torch.Tensor:
         if not 2 <= cache.pos <= cache.k[0].size(2) <= self.step.model.config.block_size:
-            return self.step.one_token(idx, cache, pad)[0]  # sizes the programs are not compiled for (nor checked)
-        key = (idx.size(0), pad is None, cache.k[0].dtype)
-        program = self.programs.get(key)
-        if program is None:
-            program = self.programs[key] = self.compile(idx, cache, pad)
+            return self.step.one_token(idx, cache, pad)[0]  # sizes the libraries are not compiled for
+        key = (idx.size(0), idx.dtype, None if pad is None else pad.dtype, cache.k[0].dtype, torch.get_num_threads())
+        if key not in self.programs:
+            self.programs[key] = self.compile(idx, cache, pad)
+        library, _ = self.programs[key]
         # the cache's length is passed as the length of a tensor: the programs' one free size besides the slots
-        return program(idx, torch.empty(cache.pos, dtype=torch.uint8), pad, cache.k, cache.v)
+        return library(idx, torch.empty(cache.pos, dtype=torch.uint8), pad, cache.k, cache.v)
 
-    def compile(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None):
+    def compile(self, idx: torch.Tensor, cache: KVCache, pad: torch.Tensor | None) -> tuple:
+        """The library of the step for calls like this one's, loaded from Inductor's cache folder or compiled,
+        and the model's tensors it reads. Those are kept here as long as the library: AOTInductor reads
+        user-managed tensors without owning them (torch 2.13 keeps a reference all the same, so a model
+        whose step was compiled is not freed before the process ends). Detached, they are the model's
+        memory but not its parameter objects: data swapped into a parameter later goes unseen."""
         model = self.step.model
         module = _OneToken(self.step, cache)
         most = model.config.block_size  # the longest cache a model's generate makes
@@ -227,11 +236,10 @@ class CompiledSteps:
                 module, inputs, dynamic_shapes=(None, {0: length}, None, per_layer, per_layer), strict=False
             )
             tensors = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-        compiled = torch._inductor.aoti_load_package(str(compiled_package(program)))
-        compiled.load_constants(
-            {name: tensors[name] for name in compiled.get_constant_fqns()}, check_full_update=True, user_managed=True
-        )
-        return compiled
+        library = torch._inductor.aoti_load_package(str(compiled_package(program)))
+        constants = {name: tensors[name].detach() for name in library.get_constant_fqns()}
+        library.load_constants(constants, check_full_update=True, user_managed=True)
+        return library, constants
 
 
 @contextmanager
@@ -257,19 +265,22 @@ def _plain_tensors_as_buffers(model: torch.nn.Module):
 
 
 def compiled_package(program: torch.export.ExportedProgram) -> Path:
-    """The file of `program` compiled by AOTInductor (COMPILE_OPTIONS), kept in Inductor's cache folder
-    under a name made of everything the compiled library depends on: the program as it prints (its
-    operations, shapes, dtypes and the ranges of its free sizes), the options, torch's version, the
-    threads its loops are compiled for and the CPU's vector instructions. A later run that exports the
-    same program loads it there instead of compiling it again (GPT-2 124M: 3 s against 30). The file
-    holds no weights (COMPILE_OPTIONS): a few MB."""
+    """The file of `program` compiled by AOTInductor (COMPILE_OPTIONS), kept in package_folder() under a
+    name made of what the compiled library depends on: the program as it prints (its operations,
+    shapes, dtypes and the ranges of its free sizes), the options, torch's version, the C++ compiler,
+    the threads its loops are compiled for and the CPU (its model and flags: the library is compiled
+    for the CPU it is built on). A later run that exports the same program loads it from there instead
+    of compiling it again (GPT-2 124M: about 5 s in all against 30). The file holds no weights
+    (COMPILE_OPTIONS): a few MB."""
+    from torch._inductor.cpp_builder import get_compiler_version_info, get_cpp_compiler
     from torch._inductor.cpu_vec_isa import pick_vec_isa
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     made_of = [str(program), repr(sorted(COMPILE_OPTIONS.items())), torch.__version__]
-    made_of += [f"{torch.get_num_threads()} threads", platform.machine(), str(pick_vec_isa())]
-    folder = Path(cache_dir()) / "decode_steps"
-    path = folder / f"{hashlib.sha256(chr(10).join(made_of).encode()).hexdigest()[:40]}.pt2"
+    made_of += [get_compiler_version_info(get_cpp_compiler()), f"{torch.get_num_threads()} threads"]
+    made_of += [platform.machine(), str(pick_vec_isa()), *_cpu_description()]
+    folder = package_folder()
+    name = hashlib.sha256("\n".join(made_of).encode()).hexdigest()[:40]
+    path = folder / f"{name}.pt2"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as scratch, warnings.catch_warnings():
@@ -282,6 +293,23 @@ def compiled_package(program: torch.export.ExportedProgram) -> Path:
     return path
 
 
+def package_folder() -> Path:
+    """Where compiled steps are kept: a folder of Inductor's cache (/tmp/torchinductor_$USER unless
+    TORCHINDUCTOR_CACHE_DIR says otherwise)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir()) / "decode_steps"
+
+
+def _cpu_description() -> list[str]:
+    """The CPU's model name and flags as Linux describes its first core, or what Python knows of it."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return [platform.processor()]
+    return [next((line for line in lines if line.startswith(key)), "") for key in ("model name", "flags")]
+
+
 class _OneToken(torch.nn.Module):
     """DecodeStep.one_token as a module of tensors alone, for torch.export: the cache's keys and values
     as lists, its length as the length of a tensor."""
@@ -291,7 +319,7 @@ class _OneToken(torch.nn.Module):
         self.model = step.model
         self.step = step
         self.cache = copy.copy(cache)  # its bookkeeping: the keys and values come as inputs
-        self.cache.k = self.cache.v = []
+        self.cache.k, self.cache.v = [], []
 
     def forward(self, idx, length, pad, keys, values):
         cache = copy.copy(self.cache)

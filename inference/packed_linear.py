@@ -28,7 +28,8 @@ Each layer also offers its product on (rows, features) inputs, with GELU after i
 added (`product`, `product_gelu`, `product_add`): inference/decode_step.py's one-token step calls
 them, fused in one oneDNN call where the kind allows.
 
-`stream_linears(model, precision)` prepares the layers of a step that torch.compile compiles instead:
+`stream_linears(model, precision)` prepares the layers of a step that is compiled instead (torch.export and
+AOTInductor, inference/decode_step.py):
 StreamedLinear holds the weight unpacked, in float32, bfloat16 or float16, and Int8Linear its int8
 rows and scales; inside a compiled graph, one row's product is the weight, widened to float32, times
 the row, summed along each weight row, a loop that streams the weight once (int8's four rows at a time,
@@ -179,7 +180,7 @@ class PackedLinear(InferenceLinear):
 
 
 class StreamedLinear(InferenceLinear):
-    """Products for a one-token step that torch.compile compiles on a CPU: the product of one row is
+    """Products for a one-token step compiled on a CPU (traced by torch.export): the product of one row is
     written as the weight times the row, summed along each of the weight's rows, which Inductor
     turns into one loop that reads the weight once, its rows split between the threads. At one row
     that loop streams the weights faster than oneDNN's or MKL's product (docs/benchmarks.md,
@@ -221,7 +222,7 @@ class StreamedLinear(InferenceLinear):
 
 
 def _one_row_compiled(x: torch.Tensor) -> bool:
-    """Whether a product of x is one row's inside a graph torch.compile compiles: the one a streamed
+    """Whether a product of x is one row's inside a graph being compiled or exported: the one a streamed
     layer writes as a multiplication and a sum."""
     return x.size(0) == 1 and torch.compiler.is_compiling()
 

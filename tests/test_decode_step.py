@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from errors import UserError
-from inference import packed_linear
+from inference import decode_step, packed_linear
 from inference.decode_step import (
     COMPILE_OPTIONS,
     STREAMED,
@@ -159,7 +159,7 @@ def test_compiled_step_greedy_tokens_equal_the_eager_steps():
         assert decoding.description == STREAMED["float32"]
         layers = [m for m in model.modules() if isinstance(m, InferenceLinear)]
         assert layers and all(isinstance(m, StreamedLinear) for m in layers)
-        assert COMPILE_OPTIONS == options  # torch.compile may edit the options it is given
+        assert COMPILE_OPTIONS == options  # AOTInductor is given a copy of them
         assert torch.equal(greedy(model, PROMPTS[:rows], 2 * BLOCK, step=decoding.step), expected), (name, rows)
         # other lengths, another cache (of other slots): one compilation
         assert torch.equal(greedy(model, PROMPTS[:rows], 5, step=decoding.step), expected[:, :5]), (name, rows)
@@ -171,16 +171,17 @@ def test_each_compiled_step_computes_its_own_model_and_a_later_run_loads_what_an
     monkeypatch, tmp_path
 ):
     """Two models that differ only in a constant (the logits' cap) compile to two libraries, each
-    computing its own model; a step compiled again for the same model (as a later run of sample.py
-    does) loads the library from Inductor's cache folder instead of compiling it."""
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    computing its own model; a third with the first one's shape but weights of its own (as a later run
+    of sample.py, after more training) loads the first one's library from the folder instead of
+    compiling it, and computes its own weights."""
+    monkeypatch.setattr(decode_step, "package_folder", lambda: tmp_path)
     compile_and_package = torch._inductor.aoti_compile_and_package
     compiled = []
     monkeypatch.setattr(
         torch._inductor, "aoti_compile_and_package", lambda *a, **k: compiled.append(1) or compile_and_package(*a, **k)
     )
-    for cap in (2.0, 30.0, 2.0):
-        model = model_of(dict(MODELS["relu2-softcap"], logit_softcap=cap))
+    for cap, seed in ((2.0, 3), (30.0, 3), (2.0, 4)):
+        model = model_of(dict(MODELS["relu2-softcap"], logit_softcap=cap), seed)
         reference = pack_linears(copy.deepcopy(model))
         decoding = prepare_decoding(model, CPU, compile=True)
         theirs, pad = prefilled(reference, rows=1)
@@ -188,10 +189,22 @@ def test_each_compiled_step_computes_its_own_model_and_a_later_run_loads_what_an
         with torch.no_grad():
             expected, _ = DecodeStep(reference)(torch.tensor([[3]]), cache=theirs, pad=pad)
             got, _ = decoding.step(torch.tensor([[3]]), cache=ours, pad=pad)
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=f"logit_softcap={cap}")
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-4, msg=f"logit_softcap={cap}, seed {seed}")
         torch.testing.assert_close(ours.k[0], theirs.k[0], rtol=0, atol=1e-5)  # the new key, written in place
     assert len(compiled) == 2
-    assert len(list((tmp_path / "decode_steps").glob("*.pt2"))) == 2
+    assert len(list(tmp_path.glob("*.pt2"))) == 2
+
+
+def test_a_step_over_an_empty_cache_is_computed_eagerly_and_compiles_nothing():
+    model = model_of(MODELS["gpt2"])
+    decoding = prepare_decoding(model, CPU, compile=True)
+    reference = DecodeStep(model, one_query_attention)
+    ours, theirs = model.new_cache(1, 8), model.new_cache(1, 8)
+    with torch.no_grad():
+        got, _ = decoding.step(torch.tensor([[3]]), cache=ours)
+        expected, _ = reference(torch.tensor([[3]]), cache=theirs)
+    assert torch.equal(got, expected)
+    assert not decoding.step.compiled.programs
 
 
 def test_a_compiled_step_reads_the_models_weights_where_they_lie():
